@@ -1,0 +1,154 @@
+"""Model configuration: a frozen dataclass, the paper's presets as data, Table 3 for reference.
+
+The same fields drive the command-line flags (`nmt info`, `nmt train`), so a knob has one name
+everywhere: the field `d_ff` is the flag `--d-ff` and the key `d_ff` inside every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+POSITIONS = ("sinusoidal", "learned")
+NORMS = ("post", "pre")
+
+
+def _knob(default: Any, help: str, **limits: Any) -> Any:
+    """A config field with its command-line help and range (`min`, `max`, `choices`)."""
+    return field(default=default, metadata={"help": help, **limits})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of §3 and every knob of Table 3. Defaults are the paper's base model."""
+
+    encoder_layers: int = _knob(6, "Encoder layers N (§3.1).", min=1)
+    decoder_layers: int = _knob(6, "Decoder layers N (§3.1).", min=1)
+    d_model: int = _knob(512, "Model dimension d_model.", min=1)
+    d_ff: int = _knob(2048, "Inner dimension of the feed-forward network (eq. 2).", min=1)
+    heads: int = _knob(8, "Attention heads h (§3.2.2).", min=1)
+    d_k: int | None = _knob(None, "Query/key dimension per head [default: d_model / heads].", min=1)
+    d_v: int | None = _knob(None, "Value dimension per head [default: d_model / heads].", min=1)
+    dropout: float = _knob(0.1, "Residual and embedding dropout P_drop (§5.4).", min=0.0, max=1.0)
+    attention_dropout: float = _knob(0.0, "Dropout on attention weights.", min=0.0, max=1.0)
+    relu_dropout: float = _knob(0.0, "Dropout after the FFN's ReLU.", min=0.0, max=1.0)
+    label_smoothing: float = _knob(0.1, "Label smoothing eps_ls (§5.4).", min=0.0, max=1.0)
+    positions: str = _knob("sinusoidal", "Positional encoding (§3.5; Table 3 row E).", choices=POSITIONS)
+    norm: str = _knob("post", "Sub-layer norm: post = LayerNorm(x + Sublayer(x)) as in the paper.", choices=NORMS)
+    max_positions: int = _knob(1024, "Longest sequence (tokens, incl. EOS) the model accepts.", min=1)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if value is None:
+                continue
+            if "choices" in meta and value not in meta["choices"]:
+                raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(meta['choices'])}")
+            if "min" in meta and value < meta["min"]:
+                raise ValueError(f"{f.name}={value}: must be >= {meta['min']}")
+            if "max" in meta and value >= meta["max"]:
+                raise ValueError(f"{f.name}={value}: must be < {meta['max']}")
+        if self.d_k is None or self.d_v is None:
+            if self.d_model % self.heads:
+                raise ValueError(
+                    f"d_model={self.d_model} is not divisible by heads={self.heads}: set d_k and d_v"
+                )
+            object.__setattr__(self, "d_k", self.d_k or self.d_model // self.heads)
+            object.__setattr__(self, "d_v", self.d_v or self.d_model // self.heads)
+
+    def replace(self, **overrides: Any) -> ModelConfig:
+        """A copy with the given fields changed (None values are ignored)."""
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if "heads" in overrides or "d_model" in overrides:
+            # d_k/d_v follow d_model/heads unless they are given explicitly.
+            overrides.setdefault("d_k", None)
+            overrides.setdefault("d_v", None)
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown model config field(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+    def num_parameters(self, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> int:
+        """The analytic parameter count of the model `model.Transformer` builds.
+
+        Embeddings: one V x d matrix when the vocabulary is shared (3-way tying, §3.4), else a
+        source and a target matrix (the target one doubles as the pre-softmax projection).
+        Attention: Q, K, V projections d -> h*d_k, h*d_k, h*d_v and W^O h*d_v -> d, with biases.
+        FFN: d -> d_ff -> d with biases. LayerNorm: 2d each (2 per encoder layer, 3 per decoder
+        layer, plus a final one per stack with pre-norm). Learned positions: max_positions x d
+        per stack.
+        """
+        d, h = self.d_model, self.heads
+        assert self.d_k is not None and self.d_v is not None
+        attention = d * h * (2 * self.d_k + self.d_v) + h * (2 * self.d_k + self.d_v)
+        attention += h * self.d_v * d + d
+        ffn = d * self.d_ff + self.d_ff + self.d_ff * d + d
+        norm = 2 * d
+        encoder_layer = attention + ffn + 2 * norm
+        decoder_layer = 2 * attention + ffn + 3 * norm
+        total = self.encoder_layers * encoder_layer + self.decoder_layers * decoder_layer
+        total += src_vocab * d if shared_vocab else (src_vocab + tgt_vocab) * d
+        if self.norm == "pre":
+            total += 2 * norm
+        if self.positions == "learned":
+            total += 2 * self.max_positions * d
+        return total
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Table 3, first and last rows.
+    "base": ModelConfig(),
+    "big": ModelConfig(d_model=1024, d_ff=4096, heads=16, dropout=0.3),
+    # The common IWSLT'14 de-en setting (fairseq's transformer_iwslt_de_en).
+    "iwslt": ModelConfig(d_ff=1024, heads=4, dropout=0.3),
+    # A model that trains on 2 CPU cores in minutes (Multi30k quickstart).
+    "small": ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4),
+}
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """A Table 3 row with a parameter count (millions), relative to the base model."""
+
+    name: str
+    overrides: dict[str, Any]
+    params_m: float
+
+
+TABLE3: tuple[PaperRow, ...] = (
+    PaperRow("base", {}, 65),
+    PaperRow("(B) d_k=16", {"d_k": 16}, 58),
+    PaperRow("(B) d_k=32", {"d_k": 32}, 60),
+    PaperRow("(C) N=2", {"encoder_layers": 2, "decoder_layers": 2}, 36),
+    PaperRow("(C) N=4", {"encoder_layers": 4, "decoder_layers": 4}, 50),
+    PaperRow("(C) N=8", {"encoder_layers": 8, "decoder_layers": 8}, 80),
+    PaperRow("(C) d_model=256", {"d_model": 256, "d_k": 32, "d_v": 32}, 28),
+    PaperRow("(C) d_model=1024", {"d_model": 1024, "d_k": 128, "d_v": 128}, 168),
+    PaperRow("(C) d_ff=1024", {"d_ff": 1024}, 53),
+    PaperRow("(C) d_ff=4096", {"d_ff": 4096}, 90),
+    PaperRow("big", {"d_model": 1024, "d_ff": 4096, "heads": 16, "dropout": 0.3}, 213),
+)
+
+ARCHITECTURE_FIELDS = (
+    "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "positions", "norm",
+)
+
+
+def paper_row(config: ModelConfig) -> PaperRow | None:
+    """The Table 3 row whose architecture (not its dropout) equals `config`, if any."""
+    def shape(c: ModelConfig) -> tuple:
+        return tuple(getattr(c, name) for name in ARCHITECTURE_FIELDS)
+
+    for row in TABLE3:
+        if shape(PRESETS["base"].replace(**row.overrides)) == shape(config):
+            return row
+    return None

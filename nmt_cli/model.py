@@ -1,0 +1,280 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), §3.
+
+Tensors are batch-first: tokens are (batch, length) int64, hidden states (batch, length, d_model).
+Padding is marked by `pad_index`; a source key padding mask is True where a token is real.
+
+The decoder runs in two ways that give the same numbers: `decode` over a whole target prefix
+(training, teacher forcing) and `decode_step` one token at a time over a `DecoderState` that
+caches every layer's keys and values (search).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.config import ModelConfig
+
+
+def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
+    """Sinusoidal positions, §3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
+    position = torch.arange(offset, offset + length, dtype=torch.float64).unsqueeze(1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    angle = position / torch.pow(10000.0, two_i / d_model)
+    pe = torch.zeros(length, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe.float()
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
+
+    def __init__(self, tokens: nn.Embedding, config: ModelConfig) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(config.d_model)
+        self.learned = (
+            nn.Embedding(config.max_positions, config.d_model) if config.positions == "learned" else None
+        )
+        if self.learned is None:
+            table = positional_encoding(config.max_positions, config.d_model)
+            self.register_buffer("sinusoid", table, persistent=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        length = tokens.size(1)
+        table = self.learned.weight if self.learned is not None else self.sinusoid
+        if offset + length > table.size(0):
+            raise ValueError(f"sequence of {offset + length} tokens exceeds max_positions={table.size(0)}")
+        positions = table[offset : offset + length]
+        return self.dropout(self.tokens(tokens) * self.scale + positions.to(self.tokens.weight.dtype))
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, §3.2.2, over scaled dot-product attention (eq. 1).
+
+    Self-attention projects Q, K, V with one fused matrix; encoder-decoder attention projects Q
+    from the decoder and K, V (fused) from the encoder output. Both are the paper's per-head
+    matrices W^Q_i, W^K_i, W^V_i laid side by side, so the parameter count is the paper's.
+    """
+
+    def __init__(self, config: ModelConfig, self_attention: bool) -> None:
+        super().__init__()
+        assert config.d_k is not None and config.d_v is not None
+        self.heads, self.d_k, self.d_v = config.heads, config.d_k, config.d_v
+        qk, v = self.heads * self.d_k, self.heads * self.d_v
+        self.self_attention = self_attention
+        if self_attention:
+            self.qkv = nn.Linear(config.d_model, 2 * qk + v)
+        else:
+            self.q = nn.Linear(config.d_model, qk)
+            self.kv = nn.Linear(config.d_model, qk + v)
+        self.out = nn.Linear(v, config.d_model)  # W^O
+        self.dropout = config.attention_dropout
+
+    def split_heads(self, x: Tensor, dim: int) -> Tensor:
+        """(batch, length, heads * dim) -> (batch, heads, length, dim)."""
+        return x.unflatten(-1, (self.heads, dim)).transpose(1, 2)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output; computed once per source batch."""
+        k, v = self.kv(memory).split([self.heads * self.d_k, self.heads * self.d_v], dim=-1)
+        return self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        qk = self.heads * self.d_k
+        q, k, v = self.qkv(x).split([qk, qk, self.heads * self.d_v], dim=-1)
+        return self.split_heads(q, self.d_k), self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k)) V for all heads, concatenated and projected by W^O."""
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out(out.transpose(1, 2).flatten(2))
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """Self-attention over `x`; `mask` (batch, 1, 1, length) is True on real keys."""
+        q, k, v = self.project_qkv(x)
+        return self.attend(q, k, v, mask, causal)
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, eq. 2."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.d_model, config.d_ff)
+        self.w2 = nn.Linear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.relu_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.dropout(F.relu(self.w1(x))))
+
+
+class SublayerConnection(nn.Module):
+    """Residual connection with dropout and layer normalization, §3.1 and §5.4.
+
+    post-norm (the paper): LayerNorm(x + Dropout(Sublayer(x))).
+    pre-norm (later variant): x + Dropout(Sublayer(LayerNorm(x))).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.pre_norm = config.norm == "pre"
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each in a residual sub-layer (§3.1)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, self_attention=True)
+        self.ffn = PositionwiseFeedForward(config)
+        self.sublayers = nn.ModuleList(SublayerConnection(config) for _ in range(2))
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.sublayers[0](x, lambda y: self.self_attn(y, src_mask))
+        return self.sublayers[1](x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward (§3.1)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, self_attention=True)
+        self.cross_attn = MultiHeadAttention(config, self_attention=False)
+        self.ffn = PositionwiseFeedForward(config)
+        self.sublayers = nn.ModuleList(SublayerConnection(config) for _ in range(3))
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
+                cache: list[Tensor] | None = None) -> Tensor:
+        """With `cache` = [keys, values] of earlier positions, `x` holds only new positions and
+        the cache is extended in place; without it, `x` is the whole prefix, masked causally."""
+
+        def self_attention(y: Tensor) -> Tensor:
+            q, k, v = self.self_attn.project_qkv(y)
+            if cache is None:
+                return self.self_attn.attend(q, k, v, None, causal=True)
+            if cache:
+                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            cache[:] = [k, v]
+            return self.self_attn.attend(q, k, v, None, causal=False)
+
+        def cross_attention(y: Tensor) -> Tensor:
+            q = self.cross_attn.split_heads(self.cross_attn.q(y), self.cross_attn.d_k)
+            return self.cross_attn.attend(q, *memory_kv, src_mask, causal=False)
+
+        x = self.sublayers[0](x, self_attention)
+        x = self.sublayers[1](x, cross_attention)
+        return self.sublayers[2](x, self.ffn)
+
+
+class DecoderState:
+    """What `decode_step` needs between steps: the encoder's keys/values per layer, the source
+    mask and each layer's self-attention cache. `reorder` follows the beams chosen by a search."""
+
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
+        self.memory_kv = memory_kv
+        self.src_mask = src_mask
+        self.caches: list[list[Tensor]] = [[] for _ in memory_kv]
+        self.step = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (beam selection, or dropping finished sentences)."""
+        self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
+        self.src_mask = self.src_mask.index_select(0, index)
+        self.caches = [[t.index_select(0, index) for t in cache] for cache in self.caches]
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (§3, Figure 1) with shared embeddings (§3.4).
+
+    With a shared (joint) vocabulary one matrix serves as source embedding, target embedding and
+    pre-softmax projection; otherwise the target embedding and the projection are tied.
+    """
+
+    def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                 pad_index: int, shared_vocab: bool) -> None:
+        super().__init__()
+        if shared_vocab and src_vocab_size != tgt_vocab_size:
+            raise ValueError("a shared vocabulary needs equal source and target vocabulary sizes")
+        self.config, self.pad_index = config, pad_index
+        tgt_tokens = nn.Embedding(tgt_vocab_size, config.d_model, padding_idx=pad_index)
+        src_tokens = tgt_tokens if shared_vocab else nn.Embedding(
+            src_vocab_size, config.d_model, padding_idx=pad_index)
+        self.src_embed = Embedding(src_tokens, config)
+        self.tgt_embed = Embedding(tgt_tokens, config)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
+        pre_norm = config.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections with zero biases; embeddings N(0, d_model^-0.5), pad row 0."""
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for embedding in {self.src_embed.tokens, self.tgt_embed.tokens}:
+            nn.init.normal_(embedding.weight, mean=0.0, std=self.config.d_model ** -0.5)
+            with torch.no_grad():
+                embedding.weight[self.pad_index].zero_()
+        for embed in (self.src_embed, self.tgt_embed):
+            if embed.learned is not None:
+                nn.init.normal_(embed.learned.weight, mean=0.0, std=self.config.d_model ** -0.5)
+
+    def source_mask(self, src: Tensor) -> Tensor:
+        """(batch, 1, 1, src_len), True on real tokens: broadcast over heads and queries."""
+        return (src != self.pad_index)[:, None, None, :]
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder stack over source tokens; returns (memory, source mask)."""
+        src_mask = self.source_mask(src)
+        x = self.src_embed(src)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x), src_mask
+
+    def project(self, x: Tensor) -> Tensor:
+        """Pre-softmax linear transformation, tied to the target embedding (§3.4)."""
+        return F.linear(x, self.tgt_embed.tokens.weight)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Logits for every position of a target prefix (teacher forcing), causally masked."""
+        x = self.tgt_embed(tgt_in)
+        for layer in self.decoder_layers:
+            x = layer(x, layer.cross_attn.project_kv(memory), src_mask)
+        return self.project(self.decoder_norm(x))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
+
+    def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
+        """Project the encoder output to each decoder layer's keys/values once."""
+        return DecoderState([layer.cross_attn.project_kv(memory) for layer in self.decoder_layers], src_mask)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """Logits (batch, vocab) for the next token, given the last tokens (batch,); updates `state`."""
+        x = self.tgt_embed(tokens[:, None], offset=state.step)
+        for layer, kv, cache in zip(self.decoder_layers, state.memory_kv, state.caches):
+            x = layer(x, kv, state.src_mask, cache)
+        state.step += 1
+        return self.project(self.decoder_norm(x))[:, 0]
