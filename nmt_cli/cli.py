@@ -5,14 +5,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
-from nmt_cli import __version__
+from nmt_cli import NmtError, __version__
 from nmt_cli.config import PRESETS, ModelConfig, paper_row
 
 
@@ -56,7 +58,17 @@ def not_yet(name: str) -> Callable:
     return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Group(click.Group):
+    """Turns the library's user errors into one-line click errors (exit code 1, no traceback)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NmtError as e:
+            raise click.ClickException(str(e)) from None
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nmt-cli")
 def main() -> None:
     """nmt: the Transformer of "Attention Is All You Need" for translation and any seq2seq task."""
@@ -98,10 +110,81 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
 
 
 for _name, _help in [
-    ("preprocess", "Tokenize, learn/apply joint BPE, build vocabularies and binarize parallel text."),
     ("train", "Train a Transformer with the paper's regime (resumable; torchrun for many GPUs)."),
     ("average-checkpoints", "Average the parameters of the last N checkpoints (§6.1)."),
     ("translate", "Translate raw text with batched beam search and length penalty."),
     ("score", "Corpus BLEU (and chrF/TER) through sacreBLEU, with its signature."),
 ]:
     main.command(_name, help=_help + " [not available yet]", short_help=_help)(not_yet(_name))
+
+
+@main.command()
+@click.option("-s", "--source-lang", required=True, help="Source suffix: PREFIX.SRC (or PREFIX.SRC.gz).")
+@click.option("-t", "--target-lang", required=True, help="Target suffix.")
+@click.option("--trainpref", help="Training files prefix (learns BPE and vocabulary; filtered).")
+@click.option("--validpref", help="Validation files prefix (never filtered).")
+@click.option("--testpref", "testprefs", multiple=True, help="Test files prefix (repeatable; never filtered).")
+@click.option("--destdir", required=True, type=click.Path(path_type=Path), help="Output data directory.")
+@click.option("--from-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Reuse tokenizer settings, BPE codes and vocabularies of this data directory.")
+@click.option("--tokenizer", type=click.Choice(["moses", "none"]), default="moses", show_default=True,
+              help="Moses (sacremoses) or plain whitespace splitting.")
+@click.option("--normalize-punctuation/--no-normalize-punctuation", default=True, show_default=True,
+              help="Moses punctuation normalization before tokenizing.")
+@click.option("--lowercase", is_flag=True, help="Lowercase after tokenizing.")
+@click.option("--aggressive-dash-splits", is_flag=True, help="Split hyphens (Moses -a): fore@-@runner.")
+@click.option("--bpe-merges", type=click.IntRange(min=0), default=32000, show_default=True,
+              help="Joint BPE merge operations to learn (0: no BPE).")
+@click.option("--bpe-codes", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Apply these BPE codes instead of learning them.")
+@click.option("--joined-dictionary/--separate-dictionaries", default=True, show_default=True,
+              help="One vocabulary for both sides (3-way tying) or one per side.")
+@click.option("--srcdict", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Use this source (or joint) vocabulary.")
+@click.option("--tgtdict", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Use this target vocabulary.")
+@click.option("--vocab-min-count", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Leave out subwords seen fewer times in training.")
+@click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="At most this many entries.")
+@click.option("--max-len", type=click.IntRange(min=1), default=250, show_default=True,
+              help="Drop training pairs with a side longer than this many BPE tokens.")
+@click.option("--max-len-ratio", type=click.FloatRange(min=1.0), default=1.5, show_default=True,
+              help="Drop training pairs whose word counts differ by more than this ratio (Moses clean-corpus).")
+@click.option("--workers", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)), show_default=True,
+              help="Processes for tokenization, BPE and binarization.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --destdir.")
+@click.option("--quiet", is_flag=True, help="No progress bars or summary.")
+def preprocess(source_lang: str, target_lang: str, from_data: Path | None, tokenizer: str,
+               normalize_punctuation: bool, lowercase: bool, aggressive_dash_splits: bool, quiet: bool,
+               **options: Any) -> None:
+    """Tokenize, learn/apply joint BPE, build vocabularies and binarize parallel text."""
+    from nmt_cli.preprocess import PreprocessOptions, preprocess, reuse_options
+    from nmt_cli.text import TextConfig
+
+    text = TextConfig(source_lang, target_lang, tokenizer, normalize_punctuation, lowercase, aggressive_dash_splits)
+    if from_data is not None:
+        text, reused = reuse_options(from_data, source_lang, target_lang)
+        options.update(reused)
+    options["testprefs"] = tuple(options["testprefs"])
+    meta = preprocess(PreprocessOptions(text=text, progress=not quiet, **options))
+    if not quiet:
+        print_preprocess_summary(meta)
+
+
+def print_preprocess_summary(meta: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    src, tgt = meta["text"]["source_lang"], meta["text"]["target_lang"]
+    table = Table(title=f"nmt preprocess {src}-{tgt}: vocabulary {meta['vocab_sizes'][src]:,}"
+                        f" / {meta['vocab_sizes'][tgt]:,}")
+    for column in ("split", "pairs in", "pairs out", "dropped", "tokens", "unk", "s"):
+        table.add_column(column, justify="right")
+    for name, s in meta["splits"].items():
+        dropped = ", ".join(f"{k} {v:,}" for k, v in s["dropped"].items()) or "-"
+        tokens = f"{s['tokens'].get(src, 0):,} / {s['tokens'].get(tgt, 0):,}"
+        unk = f"{s['unk_rate'][src]:.2%} / {s['unk_rate'][tgt]:.2%}"
+        table.add_row(name, f"{s['pairs_in']:,}", f"{s['pairs_out']:,}", dropped, tokens, unk, f"{s['seconds']:.1f}")
+    console = Console(stderr=True)
+    console.print(table)
+    console.print("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["timings"].items()))

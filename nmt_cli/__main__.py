@@ -1,0 +1,5 @@
+"""`python -m nmt_cli` is `nmt`."""
+
+from nmt_cli.cli import main
+
+main()

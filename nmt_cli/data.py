@@ -1,0 +1,153 @@
+"""Binarized, memory-mapped data and token-based batching (§5.1).
+
+A split of one language is two files: `NAME.bin`, every sentence's token ids back to back
+(uint16, or int32 for vocabularies over 65,535), and `NAME.idx`, the int64 offsets of the
+sentences (n + 1 of them). Reading maps the files, so a corpus larger than memory trains.
+Sentences are stored without EOS; `ParallelData` adds EOS (source, target) and BOS (decoder input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+class ArrayWriter:
+    """Appends sentences to `PREFIX.bin` / `PREFIX.idx` as they come (constant memory)."""
+
+    def __init__(self, prefix: Path, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.bin = open(f"{prefix}.bin", "wb")
+        self.idx = open(f"{prefix}.idx", "wb")
+        self.offset = 0
+        self.idx.write(np.zeros(1, dtype=np.int64).tobytes())
+
+    def add(self, ids: Sequence[int]) -> None:
+        self.bin.write(np.asarray(ids, dtype=self.dtype).tobytes())
+        self.offset += len(ids)
+        self.idx.write(np.array([self.offset], dtype=np.int64).tobytes())
+
+    def close(self) -> None:
+        self.bin.close()
+        self.idx.close()
+
+
+class IndexedArray:
+    """Read-only, memory-mapped view of a `PREFIX.bin` / `PREFIX.idx` pair."""
+
+    def __init__(self, prefix: Path, dtype: np.dtype) -> None:
+        self.offsets = np.fromfile(f"{prefix}.idx", dtype=np.int64)
+        size = self.offsets[-1] if len(self.offsets) else 0
+        if len(self.offsets) == 0 or Path(f"{prefix}.bin").stat().st_size != size * dtype.itemsize:
+            raise ValueError(f"{prefix}.bin/.idx: sizes do not match (corrupt or truncated data)")
+        self.data = np.memmap(f"{prefix}.bin", dtype=dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
+        self.lengths = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
+
+
+class ParallelData:
+    """Aligned source and target arrays of one split; lengths include the EOS the model sees."""
+
+    def __init__(self, source: IndexedArray, target: IndexedArray) -> None:
+        if len(source) != len(target):
+            raise ValueError(f"source has {len(source)} sentences, target {len(target)}")
+        self.source, self.target = source, target
+        self.src_lengths = source.lengths + 1
+        self.tgt_lengths = target.lengths + 1
+
+    @classmethod
+    def load(cls, data_dir: Path, split: str, src_lang: str, tgt_lang: str, dtype: np.dtype) -> ParallelData:
+        return cls(IndexedArray(data_dir / f"{split}.{src_lang}", dtype),
+                   IndexedArray(data_dir / f"{split}.{tgt_lang}", dtype))
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def collate(self, indices: Sequence[int], pad_to_multiple: int = 1) -> Batch:
+        """Right-padded source (+EOS), decoder input (BOS+) and output (+EOS) for `indices`."""
+        return Batch.make([self.source[i] for i in indices], [self.target[i] for i in indices],
+                          pad_to_multiple)
+
+
+class Batch:
+    """Tensors for one step of training or validation."""
+
+    def __init__(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> None:
+        self.src, self.tgt_in, self.tgt_out = src, tgt_in, tgt_out
+
+    @classmethod
+    def make(cls, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], pad_to_multiple: int = 1) -> Batch:
+        src = pad([np.append(s, EOS_ID) for s in sources], pad_to_multiple)
+        tgt_in = pad([np.insert(t, 0, BOS_ID) for t in targets], pad_to_multiple)
+        tgt_out = pad([np.append(t, EOS_ID) for t in targets], pad_to_multiple)
+        return cls(src, tgt_in, tgt_out)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
+
+    @property
+    def target_tokens(self) -> int:
+        return int((self.tgt_out != PAD_ID).sum())
+
+
+def pad(sequences: Sequence[np.ndarray], multiple: int = 1) -> torch.Tensor:
+    """(batch, longest) int64 tensor, right-padded with PAD_ID to a multiple of `multiple`."""
+    longest = max(len(s) for s in sequences)
+    longest = -(-longest // multiple) * multiple
+    out = np.full((len(sequences), longest), PAD_ID, dtype=np.int64)
+    for row, s in enumerate(sequences):
+        out[row, : len(s)] = s
+    return torch.from_numpy(out)
+
+
+def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
+                  max_sentences: int | None = None, pad_to_multiple: int = 1) -> list[np.ndarray]:
+    """Group sentence indices into batches of similar length (§5.1).
+
+    A batch's cost is its size times its longest side, padding included, as fairseq counts it:
+    batch_size * max(max src length, max tgt length) <= max_tokens. Sentences are sorted by
+    (target, source) length so batches have little padding. A pair longer than max_tokens alone
+    raises ValueError: it could never be trained on.
+    """
+    longest = np.maximum(src_lengths, tgt_lengths)
+    if len(longest) and longest.max() > max_tokens:
+        i = int(longest.argmax())
+        raise ValueError(f"sentence pair {i + 1} has {int(longest[i])} tokens, more than max_tokens={max_tokens}")
+    order = np.lexsort((src_lengths, tgt_lengths))
+    batches, start, width = [], 0, 0
+    for position, i in enumerate(order):
+        padded = -(-int(longest[i]) // pad_to_multiple) * pad_to_multiple
+        new_width = max(width, padded)
+        size = position - start + 1
+        if size > 1 and (new_width * size > max_tokens or (max_sentences and size > max_sentences)):
+            batches.append(order[start:position])
+            start, new_width = position, padded
+        width = new_width
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+def shuffled(batches: list[np.ndarray], seed: int, epoch: int) -> list[np.ndarray]:
+    """The epoch's batch order: a permutation drawn from (seed, epoch) alone, so resume can redo it."""
+    rng = np.random.default_rng([seed, epoch])
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def iterate(data: ParallelData, batches: Sequence[np.ndarray], pad_to_multiple: int = 1) -> Iterator[Batch]:
+    for indices in batches:
+        yield data.collate(indices, pad_to_multiple)

@@ -1,0 +1,398 @@
+"""`nmt preprocess`: raw parallel text to a self-describing data directory.
+
+Stages, each streamed (memory does not grow with the corpus, only with its word vocabulary):
+1. read + tokenize the training pairs (workers), drop unusable pairs, count words;
+2. learn joint BPE codes from the word counts (subword-nmt, one process);
+3. build the vocabulary from subword counts (each distinct word segmented once);
+4. apply BPE and binarize every split (workers). Only the training split is filtered.
+Everything is written to a temporary directory that is renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from nmt_cli import NmtError, __version__
+from nmt_cli.data import ArrayWriter, token_dtype
+from nmt_cli.text import TextConfig, TextProcessor, learn_joint_bpe, subword_counts
+from nmt_cli.vocab import UNK_ID, Vocabulary
+
+FORMAT_VERSION = 1
+CHUNK_LINES = 1000
+
+
+@dataclass
+class PreprocessOptions:
+    text: TextConfig
+    destdir: Path
+    trainpref: str | None = None
+    validpref: str | None = None
+    testprefs: tuple[str, ...] = ()
+    bpe_merges: int = 32000
+    bpe_codes: Path | None = None
+    joined_dictionary: bool = True
+    srcdict: Path | None = None
+    tgtdict: Path | None = None
+    vocab_min_count: int = 1
+    vocab_size: int | None = None
+    max_len: int = 250
+    max_len_ratio: float = 1.5
+    workers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    force: bool = False
+    progress: bool = True
+
+
+def reuse_options(data_dir: Path, src: str, tgt: str) -> tuple[TextConfig, dict[str, Any]]:
+    """Tokenizer settings, BPE codes and vocabularies of an existing data directory."""
+    meta = load_meta(data_dir)
+    text = TextConfig.from_dict(meta["text"])
+    if (text.source_lang, text.target_lang) != (src, tgt):
+        raise NmtError(f"{data_dir}: prepared for {text.source_lang}-{text.target_lang}, not {src}-{tgt}")
+    codes = meta.get("bpe_codes")
+    return text, {"bpe_codes": data_dir / codes if codes else None, "bpe_merges": 0,
+                  "srcdict": data_dir / meta["dictionaries"][src], "tgtdict": data_dir / meta["dictionaries"][tgt]}
+
+
+def load_meta(data_dir: Path) -> dict[str, Any]:
+    """The `meta.json` of a data directory made by `nmt preprocess`."""
+    path = Path(data_dir) / "meta.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NmtError(f"{path}: not found; is {data_dir} a directory made by `nmt preprocess`?") from None
+    except (OSError, ValueError) as e:
+        raise NmtError(f"{path}: unreadable ({e})") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise NmtError(f"{path}: data format version {meta.get('format_version')}, "
+                       f"this nmt-cli reads version {FORMAT_VERSION}; run `nmt preprocess` again")
+    return meta
+
+
+# ---------------------------------------------------------------------------- reading
+
+def input_path(prefix: str, lang: str) -> Path:
+    """`PREFIX.LANG`, or `PREFIX.LANG.gz` when only that exists."""
+    path = Path(f"{prefix}.{lang}")
+    if not path.exists() and Path(f"{path}.gz").exists():
+        return Path(f"{path}.gz")
+    if not path.is_file():
+        raise NmtError(f"{path}: no such file")
+    return path
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """Lines without their newline; invalid UTF-8 is an error naming the line."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise NmtError(f"{path}:{number}: invalid UTF-8 (byte {e.start + 1}: {e.reason})") from None
+
+
+def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
+    """Aligned lines of two files; a difference in line counts is an error naming both files."""
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    number = 0
+    for number, s in enumerate(src_lines, start=1):
+        t = next(tgt_lines, None)
+        if t is None:
+            raise NmtError(f"{tgt}:{number}: file ends here, but {src} has more lines (line counts differ)")
+        yield s, t
+    if next(tgt_lines, None) is not None:
+        raise NmtError(f"{src}:{number + 1}: file ends here, but {tgt} has more lines (line counts differ)")
+
+
+def chunks(items: Iterable[Any], size: int = CHUNK_LINES) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# ---------------------------------------------------------------------------- workers
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(text: TextConfig, codes: str | None, src_vocab: list[str] | None,
+                 tgt_vocab: list[str] | None) -> None:
+    _worker["src"] = TextProcessor(text, text.source_lang, codes)
+    _worker["tgt"] = TextProcessor(text, text.target_lang, codes)
+    _worker["src_vocab"] = Vocabulary(src_vocab) if src_vocab is not None else None
+    _worker["tgt_vocab"] = Vocabulary(tgt_vocab) if tgt_vocab is not None else None
+
+
+def _tokenize_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[str]]]:
+    return [(_worker["src"].tokenize(s), _worker["tgt"].tokenize(t)) for s, t in pairs]
+
+
+def _encode_chunk(pairs: list[tuple[list[str], list[str]]]) -> list[tuple[list[int], list[int]]]:
+    """Words -> BPE -> ids for both sides."""
+    src, tgt = _worker["src"], _worker["tgt"]
+    return [(_worker["src_vocab"].encode(src.segment(s)), _worker["tgt_vocab"].encode(tgt.segment(t)))
+            for s, t in pairs]
+
+
+def _tokenize_and_encode_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    return _encode_chunk(_tokenize_chunk(pairs))
+
+
+def parallel_map(fn: Callable, items: Iterable[Any], workers: int, initargs: tuple) -> Iterator[Any]:
+    """`map(fn, items)` in order over `workers` processes, with a bounded number of items in flight."""
+    if workers <= 1:
+        _init_worker(*initargs)
+        yield from map(fn, items)
+        return
+    with multiprocessing.get_context("fork").Pool(workers, _init_worker, initargs) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.apply_async(fn, (item,)))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+# ---------------------------------------------------------------------------- stages
+
+@dataclass
+class SplitStats:
+    pairs_in: int = 0
+    pairs_out: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    tokens: Counter = field(default_factory=Counter)
+    unknown: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def to_dict(self, src: str, tgt: str) -> dict[str, Any]:
+        unk_rate = {lang: self.unknown[lang] / max(1, self.tokens[lang]) for lang in (src, tgt)}
+        return {"pairs_in": self.pairs_in, "pairs_out": self.pairs_out, "dropped": dict(self.dropped),
+                "tokens": dict(self.tokens), "unk_rate": unk_rate, "seconds": round(self.seconds, 3)}
+
+
+def drop_reason(src: list[str], tgt: list[str], max_len: int, max_ratio: float) -> str | None:
+    """Why a training pair is unusable: an empty side, too long, or too unequal in length."""
+    if not src or not tgt:
+        return "empty"
+    if len(src) > max_len or len(tgt) > max_len:
+        return "too_long"
+    if max(len(src), len(tgt)) / min(len(src), len(tgt)) > max_ratio:
+        return "length_ratio"
+    return None
+
+
+def check_training_left(stats: dict[str, SplitStats], inputs: dict[str, tuple[Path, Path]]) -> None:
+    """An empty training set after filtering is an error, not a model trained on nothing."""
+    train = stats.get("train")
+    if train is not None and train.pairs_in - sum(train.dropped.values()) <= 0:
+        raise NmtError(f"{inputs['train'][0]}: no training pair is left after filtering "
+                       f"({train.pairs_in} read, dropped: {dict(train.dropped) or 'none'})")
+
+
+def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work: Path,
+                   stats: SplitStats) -> tuple[Counter, Counter]:
+    """Stage 1: tokenized, filtered training pairs to `work/train.tok.*`; returns word counts."""
+    src_words: Counter = Counter()
+    tgt_words: Counter = Counter()
+    lang_s, lang_t = opts.text.source_lang, opts.text.target_lang
+    with open(work / f"train.tok.{lang_s}", "w", encoding="utf-8") as fs, \
+            open(work / f"train.tok.{lang_t}", "w", encoding="utf-8") as ft:
+        results = parallel_map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path)), opts.workers,
+                               (opts.text, None, None, None))
+        for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not opts.progress):
+            for s, t in chunk:
+                stats.pairs_in += 1
+                reason = drop_reason(s, t, opts.max_len, opts.max_len_ratio)
+                if reason:
+                    stats.dropped[reason] += 1
+                    continue
+                src_words.update(s)
+                tgt_words.update(t)
+                fs.write(" ".join(s) + "\n")
+                ft.write(" ".join(t) + "\n")
+    return src_words, tgt_words
+
+
+def read_tokenized(work: Path, src: str, tgt: str) -> Iterator[tuple[list[str], list[str]]]:
+    for s, t in read_pairs(work / f"train.tok.{src}", work / f"train.tok.{tgt}"):
+        yield s.split(), t.split()
+
+
+def binarize(pairs: Iterable[Any], encode: Callable, opts: PreprocessOptions, initargs: tuple,
+             prefix: Path, dtype: Any, stats: SplitStats, desc: str, filter_long: bool) -> None:
+    """Stage 4 for one split: ids to `prefix.{src,tgt}.bin/.idx`; only training pairs are filtered."""
+    src, tgt = opts.text.source_lang, opts.text.target_lang
+    writers = {src: ArrayWriter(Path(f"{prefix}.{src}"), dtype), tgt: ArrayWriter(Path(f"{prefix}.{tgt}"), dtype)}
+    try:
+        results = parallel_map(encode, chunks(pairs), opts.workers, initargs)
+        for chunk in tqdm(results, desc=desc, unit="kline", disable=not opts.progress):
+            for ids in chunk:
+                if not filter_long:
+                    stats.pairs_in += 1
+                elif max(len(ids[0]), len(ids[1])) > opts.max_len:
+                    stats.dropped["too_long"] += 1
+                    continue
+                stats.pairs_out += 1
+                for lang, seq in zip((src, tgt), ids):
+                    writers[lang].add(seq)
+                    stats.tokens[lang] += len(seq)
+                    stats.unknown[lang] += seq.count(UNK_ID)
+    finally:
+        for writer in writers.values():
+            writer.close()
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def prepare_destdir(destdir: Path, force: bool) -> Path:
+    """A fresh temporary directory beside `destdir`; refuses a non-empty destdir without --force."""
+    if destdir.exists() and (not destdir.is_dir() or any(destdir.iterdir())) and not force:
+        raise NmtError(f"{destdir}: exists and is not empty (use --force to replace it)")
+    destdir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = destdir.parent / f".{destdir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def publish(tmp: Path, destdir: Path) -> None:
+    """Rename the finished directory into place (the old one, if any, is removed after)."""
+    old = None
+    if destdir.exists():
+        old = destdir.parent / f".{destdir.name}.old-{os.getpid()}"
+        destdir.rename(old)
+    tmp.rename(destdir)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+def preprocess(opts: PreprocessOptions) -> dict[str, Any]:
+    """Run every stage; returns the metadata written to `meta.json`."""
+    if opts.trainpref is None and (opts.srcdict is None or (opts.bpe_codes is None and opts.bpe_merges)):
+        raise NmtError("without --trainpref, give --srcdict (and --bpe-codes) of an existing data directory")
+    src, tgt = opts.text.source_lang, opts.text.target_lang
+    if src == tgt:
+        raise NmtError(f"--source-lang and --target-lang are both {src!r}")
+    splits = ([("train", opts.trainpref)] if opts.trainpref else []) + \
+        ([("valid", opts.validpref)] if opts.validpref else []) + \
+        [(f"test{i or ''}", p) for i, p in enumerate(opts.testprefs)]
+    inputs = {name: (input_path(p, src), input_path(p, tgt)) for name, p in splits}
+    tmp = prepare_destdir(opts.destdir, opts.force)
+    try:
+        meta = _run_stages(opts, inputs, tmp)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        publish(tmp, opts.destdir)
+        return meta
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], tmp: Path) -> dict[str, Any]:
+    src, tgt = opts.text.source_lang, opts.text.target_lang
+    stats = {name: SplitStats() for name in inputs}
+    timings: dict[str, float] = {}
+    word_counts: tuple[Counter, Counter] | None = None
+    if "train" in inputs:
+        start = time.perf_counter()
+        word_counts = tokenize_train(opts, *inputs["train"], tmp, stats["train"])
+        timings["tokenize_train"] = time.perf_counter() - start
+        check_training_left(stats, inputs)
+
+    start = time.perf_counter()
+    if opts.bpe_codes is not None:
+        codes: str | None = Path(opts.bpe_codes).read_text(encoding="utf-8")
+    elif opts.bpe_merges > 0:
+        assert word_counts is not None
+        codes = learn_joint_bpe(word_counts[0] + word_counts[1], opts.bpe_merges)
+    else:
+        codes = None
+    timings["learn_bpe"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    src_vocab, tgt_vocab = build_vocabularies(opts, codes, word_counts)
+    timings["vocabulary"] = time.perf_counter() - start
+
+    dtype = token_dtype(max(len(src_vocab), len(tgt_vocab)))
+    initargs = (opts.text, codes, src_vocab.tokens[4:], tgt_vocab.tokens[4:])
+    for name, (src_path, tgt_path) in inputs.items():
+        start = time.perf_counter()
+        if name == "train":
+            pairs: Iterable = read_tokenized(tmp, src, tgt)
+            binarize(pairs, _encode_chunk, opts, initargs, tmp / name, dtype, stats[name], "binarize train", True)
+            for lang in (src, tgt):
+                (tmp / f"train.tok.{lang}").unlink()
+        else:
+            pairs = read_pairs(src_path, tgt_path)
+            binarize(pairs, _tokenize_and_encode_chunk, opts, initargs, tmp / name, dtype, stats[name],
+                     f"binarize {name}", False)
+        stats[name].seconds = time.perf_counter() - start
+        timings[f"binarize_{name}"] = stats[name].seconds
+        if name == "train":
+            check_training_left(stats, inputs)
+
+    if codes is not None:
+        (tmp / "bpe.codes").write_text(codes, encoding="utf-8")
+    src_vocab.save(tmp / f"dict.{src}.txt")
+    tgt_vocab.save(tmp / f"dict.{tgt}.txt")
+    return {
+        "format_version": FORMAT_VERSION,
+        "nmt_cli_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "text": opts.text.to_dict(),
+        "bpe_codes": "bpe.codes" if codes is not None else None,
+        "bpe_merges": opts.bpe_merges if opts.bpe_codes is None else None,
+        "joined_dictionary": src_vocab == tgt_vocab,
+        "dictionaries": {src: f"dict.{src}.txt", tgt: f"dict.{tgt}.txt"},
+        "vocab_sizes": {src: len(src_vocab), tgt: len(tgt_vocab)},
+        "dtype": dtype.name,
+        "filter": {"max_len": opts.max_len, "max_len_ratio": opts.max_len_ratio},
+        "splits": {name: s.to_dict(src, tgt) for name, s in stats.items()},
+        "inputs": {name: [str(p) for p in paths] for name, paths in inputs.items()},
+        "versions": {name: version(name) for name in ("sacremoses", "subword-nmt", "numpy")},
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "checksums": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
+    }
+
+
+def build_vocabularies(opts: PreprocessOptions, codes: str | None,
+                       word_counts: tuple[Counter, Counter] | None) -> tuple[Vocabulary, Vocabulary]:
+    """Stage 3: given dictionaries, or ones built from the training subword counts."""
+    if opts.srcdict is not None:
+        src_vocab = Vocabulary.load(opts.srcdict)
+        tgt_vocab = Vocabulary.load(opts.tgtdict) if opts.tgtdict else src_vocab
+        return src_vocab, tgt_vocab
+    assert word_counts is not None
+    segmenter = TextProcessor(opts.text, opts.text.source_lang, codes)
+    src_counts, tgt_counts = (subword_counts(segmenter, counts) for counts in word_counts)
+    limits = {"min_count": opts.vocab_min_count, "max_size": opts.vocab_size}
+    if opts.joined_dictionary:
+        vocab = Vocabulary.build(src_counts + tgt_counts, **limits)
+        return vocab, vocab
+    return Vocabulary.build(src_counts, **limits), Vocabulary.build(tgt_counts, **limits)

@@ -1,0 +1,112 @@
+"""Text in and out of the model: Moses normalization and tokenization (sacremoses), joint BPE
+(subword-nmt), and the way back (BPE removal, detokenization).
+
+The settings (`TextConfig`) and the BPE codes are written into the data directory and into every
+checkpoint, so that `nmt translate` applies exactly what training saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe
+
+from nmt_cli import NmtError
+
+BPE_SEPARATOR = "@@"
+TOKENIZERS = ("moses", "none")
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """How raw text becomes tokens. `tokenizer="none"` splits on whitespace only (any seq2seq task)."""
+
+    source_lang: str
+    target_lang: str
+    tokenizer: str = "moses"
+    normalize_punctuation: bool = True
+    lowercase: bool = False
+    aggressive_dash_splits: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer={self.tokenizer!r}: expected one of {', '.join(TOKENIZERS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TextConfig:
+        return cls(**d)
+
+
+class TextProcessor:
+    """One language's way from a raw line to subword tokens and back."""
+
+    def __init__(self, config: TextConfig, lang: str, bpe_codes: str | None = None) -> None:
+        self.config, self.lang = config, lang
+        moses = config.tokenizer == "moses"
+        self.normalizer = MosesPunctNormalizer(lang=lang) if moses and config.normalize_punctuation else None
+        self.tokenizer = MosesTokenizer(lang=lang) if moses else None
+        self.detokenizer = MosesDetokenizer(lang=lang) if moses else None
+        self.bpe = BPE(io.StringIO(check_codes(bpe_codes)), separator=BPE_SEPARATOR) if bpe_codes else None
+
+    def tokenize(self, line: str) -> list[str]:
+        """Raw line -> words: punctuation normalization, Moses tokenization, lowercasing."""
+        if self.normalizer is not None:
+            line = self.normalizer.normalize(line)
+        if self.tokenizer is not None:
+            words = self.tokenizer.tokenize(
+                line, escape=False, aggressive_dash_splits=self.config.aggressive_dash_splits)
+        else:
+            words = line.split()
+        return [w.lower() for w in words] if self.config.lowercase else words
+
+    def segment(self, words: list[str]) -> list[str]:
+        """Words -> BPE subwords ("@@" marks a subword that continues)."""
+        return self.bpe.segment_tokens(words) if self.bpe is not None else words
+
+    def encode(self, line: str) -> list[str]:
+        return self.segment(self.tokenize(line))
+
+    def decode(self, tokens: list[str]) -> str:
+        """Subword tokens -> text: BPE joined back, then Moses detokenization."""
+        words = " ".join(tokens).replace(BPE_SEPARATOR + " ", "").removesuffix(BPE_SEPARATOR).split()
+        return self.detokenizer.detokenize(words) if self.detokenizer is not None else " ".join(words)
+
+
+def check_codes(codes: str, source: str = "BPE codes") -> str:
+    """BPE codes as subword-nmt writes them: an optional '#version' line, then one 'a b' merge a line."""
+    lines = codes.rstrip("\n").split("\n")
+    first = 1 if lines and lines[0].startswith("#version") else 0
+    if len(lines) <= first:
+        raise NmtError(f"{source}: no merge operations")
+    for number, line in enumerate(lines[first:], start=first + 1):
+        if len(line.strip("\r ").split(" ")) != 2:
+            raise NmtError(f"{source}:{number}: expected a merge 'a b', got {line[:60]!r}")
+    return codes
+
+
+def learn_joint_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2) -> str:
+    """Learn BPE codes (subword-nmt) from word counts of both languages together; returns the codes."""
+    codes = io.StringIO()
+    lines = [f"{word} {count}" for word, count in word_counts.items()]
+    if not any(len(word) > 1 for word in word_counts):  # nothing to merge; subword-nmt would fail
+        raise NmtError("no BPE merge can be learned: every training word is one character (use --bpe-merges 0)")
+    learn_bpe(lines, codes, merges, min_frequency=min_frequency, is_dict=True)
+    return codes.getvalue()
+
+
+def subword_counts(processor: TextProcessor, word_counts: Counter[str]) -> Counter[str]:
+    """Counts of BPE subwords, from word counts: each distinct word is segmented once."""
+    counts: Counter[str] = Counter()
+    for word, count in word_counts.items():
+        for subword in processor.segment([word]):
+            counts[subword] += count
+    return counts

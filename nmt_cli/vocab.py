@@ -1,0 +1,84 @@
+"""Vocabulary: token <-> id, with the special symbols at fixed ids.
+
+Saved as text, one `token count` per line in id order after the specials (fairseq's dict.txt
+format), so a vocabulary file can be read, diffed and reused by hand.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from nmt_cli import NmtError
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIALS = (PAD, BOS, EOS, UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+
+
+class VocabularyError(NmtError):
+    """A vocabulary file that cannot be used; the message names the file and line."""
+
+
+class Vocabulary:
+    """Tokens in id order; ids 0-3 are pad, bos, eos, unk."""
+
+    def __init__(self, tokens: Sequence[str], counts: Sequence[int] | None = None) -> None:
+        self.tokens = list(SPECIALS) + [t for t in tokens]
+        self.counts = [0] * len(SPECIALS) + list(counts or [0] * len(tokens))
+        self.index = {token: i for i, token in enumerate(self.tokens)}
+        if len(self.index) != len(self.tokens):
+            raise VocabularyError("duplicate tokens in vocabulary")
+
+    @classmethod
+    def build(cls, counts: Counter[str], min_count: int = 1, max_size: int | None = None) -> Vocabulary:
+        """Most frequent first, ties broken alphabetically, so the ids are stable across runs."""
+        ranked = sorted(((t, c) for t, c in counts.items() if c >= min_count and t not in SPECIALS),
+                        key=lambda tc: (-tc[1], tc[0]))
+        if max_size is not None:
+            ranked = ranked[: max(0, max_size - len(SPECIALS))]
+        return cls([t for t, _ in ranked], [c for _, c in ranked])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self.tokens == other.tokens
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        return [self.index.get(t, UNK_ID) for t in tokens]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        return [self.tokens[i] for i in ids]
+
+    def to_text(self) -> str:
+        return "".join(f"{t} {c}\n" for t, c in zip(self.tokens[len(SPECIALS):], self.counts[len(SPECIALS):]))
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.to_text(), encoding="utf-8")
+
+    @classmethod
+    def from_text(cls, text: str, source: str = "<vocabulary>") -> Vocabulary:
+        """Parse `token count` lines; `source` names the file in error messages."""
+        tokens, counts, seen = [], [], {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            parts = line.rstrip("\n").split(" ")
+            if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
+                raise VocabularyError(f"{source}:{number}: expected 'token count', got {line[:60]!r}")
+            token = parts[0]
+            if token in seen or token in SPECIALS:
+                first = seen.get(token, "the built-in specials")
+                raise VocabularyError(f"{source}:{number}: duplicate token {token!r} (also on line {first})")
+            seen[token] = number
+            tokens.append(token)
+            counts.append(int(parts[1]))
+        return cls(tokens, counts)
+
+    @classmethod
+    def load(cls, path: Path) -> Vocabulary:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise VocabularyError(f"{path}: cannot read vocabulary: {e}") from None
+        return cls.from_text(text, str(path))

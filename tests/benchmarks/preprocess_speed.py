@@ -1,0 +1,76 @@
+"""Preprocessing speed and memory: `python tests/benchmarks/preprocess_speed.py [--repeat K] [--workers 1 2]`.
+
+Runs `nmt preprocess` on Multi30k en-de (train repeated K times, copies after the first lightly
+perturbed by rotating each line's words, so the corpus grows but the vocabulary hardly does), once
+per worker count, in a subprocess, and prints one JSON line per run: seconds per stage, lines/s of
+tokenize and of BPE+binarize, and the subprocess's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+
+
+def make_corpus(out: Path, repeat: int) -> int:
+    lines = 0
+    for lang in ("en", "de"):
+        src = (SHARED / "multi30k" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        with open(out / f"train.{lang}", "w", encoding="utf-8") as f:
+            for k in range(repeat):
+                for line in src:
+                    words = line.split()
+                    shift = k % max(1, len(words))
+                    f.write(" ".join(words[shift:] + words[:shift]) + "\n")
+        lines = repeat * len(src)
+        for split in ("val", "test_2016_flickr"):
+            (out / f"{split}.{lang}").write_text((SHARED / "multi30k" / f"{split}.{lang}").read_text(encoding="utf-8"))
+    return lines
+
+
+def run(corpus: Path, workers: int, merges: int) -> dict:
+    dest = corpus / f"out{workers}"
+    command = [sys.executable, "-m", "nmt_cli", "preprocess", "-s", "en", "-t", "de", "--trainpref",
+               str(corpus / "train"), "--validpref", str(corpus / "val"), "--testpref", str(corpus / "test_2016_flickr"),
+               "--destdir", str(dest), "--bpe-merges", str(merges), "--workers", str(workers), "--quiet", "--force"]
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    wall = time.perf_counter() - start
+    meta = json.loads((dest / "meta.json").read_text())
+    train = meta["splits"]["train"]
+    t = meta["timings"]
+    return {
+        "benchmark": "preprocess_speed", "workers": workers, "bpe_merges": merges, "train_pairs": train["pairs_in"],
+        "wall_s": round(wall, 2), "stages_s": t,
+        "tokenize_lines_per_s": round(train["pairs_in"] / t["tokenize_train"]),
+        "bpe_binarize_lines_per_s": round(train["pairs_out"] / t["binarize_train"]),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--bpe-merges", type=int, default=8000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        make_corpus(Path(tmp), args.repeat)
+        for workers in args.workers:
+            # A fresh interpreter per run so that peak RSS belongs to that run alone.
+            code = ("import json,sys; sys.path.insert(0, %r); from preprocess_speed import run; from pathlib import Path;"
+                    " print(json.dumps(run(Path(%r), %d, %d)))" % (str(Path(__file__).parent), tmp, workers, args.bpe_merges))
+            subprocess.run([sys.executable, "-c", code], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Binarized arrays and token batching."""
+
+import numpy as np
+import pytest
+import torch
+
+from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, pad, shuffled, token_batches, token_dtype
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+def write_array(prefix, sentences, dtype=np.dtype(np.uint16)):
+    writer = ArrayWriter(prefix, dtype)
+    for s in sentences:
+        writer.add(s)
+    writer.close()
+    return IndexedArray(prefix, dtype)
+
+
+def test_indexed_array_round_trip_with_empty_sentences(tmp_path):
+    sentences = [[5, 6, 7], [], [8], [9, 10]]
+    array = write_array(tmp_path / "x", sentences)
+    assert [list(array[i]) for i in range(len(array))] == sentences
+    assert list(array.lengths) == [3, 0, 1, 2]
+
+
+def test_truncated_array_is_detected(tmp_path):
+    write_array(tmp_path / "x", [[5, 6, 7], [8]])
+    with open(tmp_path / "x.bin", "r+b") as f:
+        f.truncate(4)
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        IndexedArray(tmp_path / "x", np.dtype(np.uint16))
+
+
+def test_dtype_follows_vocabulary_size():
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.int32
+
+
+def test_collate_adds_bos_eos_and_pads(tmp_path):
+    src = write_array(tmp_path / "s", [[5, 6], [7]])
+    tgt = write_array(tmp_path / "t", [[8], [9, 10, 11]])
+    batch = ParallelData(src, tgt).collate([0, 1])
+    assert batch.src.tolist() == [[5, 6, EOS_ID], [7, EOS_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 8, PAD_ID, PAD_ID], [BOS_ID, 9, 10, 11]]
+    assert batch.tgt_out.tolist() == [[8, EOS_ID, PAD_ID, PAD_ID], [9, 10, 11, EOS_ID]]
+    assert batch.target_tokens == 6
+
+
+def test_pad_to_multiple():
+    assert pad([np.array([1, 2, 3])], multiple=8).shape == (1, 8)
+
+
+@pytest.mark.parametrize("max_tokens,multiple", [(64, 1), (100, 1), (256, 8), (37, 1)])
+def test_token_batches_respect_max_tokens_and_cover_each_pair_once(max_tokens, multiple):
+    rng = np.random.default_rng(0)
+    src = rng.integers(1, 30, 500)
+    tgt = rng.integers(1, 36, 500)
+    batches = token_batches(src, tgt, max_tokens, pad_to_multiple=multiple)
+    for batch in batches:
+        width = max(src[batch].max(), tgt[batch].max())
+        width = -(-width // multiple) * multiple
+        assert len(batch) * width <= max_tokens or len(batch) == 1
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
+    # Batches are full: the first pair of the next batch would not have fitted.
+    longest = np.maximum(src, tgt)
+    for batch, following in zip(batches, batches[1:]):
+        width = -(-max(longest[batch].max(), longest[following[0]]) // multiple) * multiple
+        assert (len(batch) + 1) * width > max_tokens
+
+
+def test_token_batches_max_sentences():
+    batches = token_batches(np.full(10, 2), np.full(10, 2), 1000, max_sentences=3)
+    assert [len(b) for b in batches] == [3, 3, 3, 1]
+
+
+def test_pair_longer_than_max_tokens_is_an_error():
+    with pytest.raises(ValueError, match="sentence pair 2 has 50 tokens"):
+        token_batches(np.array([3, 50]), np.array([3, 4]), 40)
+
+
+def test_shuffle_depends_on_seed_and_epoch_only():
+    batches = [np.array([i]) for i in range(20)]
+    order = [int(b[0]) for b in shuffled(batches, 1, 3)]
+    assert order == [int(b[0]) for b in shuffled(batches, 1, 3)]
+    assert order != [int(b[0]) for b in shuffled(batches, 1, 4)]
+    assert sorted(order) == list(range(20))
+
+
+def test_batch_tensors_are_int64():
+    assert pad([np.array([1], dtype=np.uint16)]).dtype == torch.int64

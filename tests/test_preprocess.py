@@ -1,0 +1,230 @@
+"""`nmt preprocess`: filtering, alignment, reuse, parallel == serial, and every bad input."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import head, write_lines
+
+from nmt_cli.cli import main
+from nmt_cli.data import IndexedArray
+from nmt_cli.text import TextConfig, TextProcessor
+from nmt_cli.vocab import Vocabulary
+
+TRAIN_EN = ["the red cat", "a dog", "", " ".join(["word"] * 25), "cats sit on mats",
+            "hello", "the the the the the the the the"]
+TRAIN_DE = ["die rote Katze", "ein Hund", "Zug", "eins zwei", "Katzen sitzen auf Matten", "", "die"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def corpus(tmp_path, en=TRAIN_EN, de=TRAIN_DE):
+    write_lines(tmp_path / "train.en", en)
+    write_lines(tmp_path / "train.de", de)
+    write_lines(tmp_path / "valid.en", ["the cat", "", "unseen words here", "dog"])
+    write_lines(tmp_path / "valid.de", ["die Katze", "rote Katzen", "", "Hund"])
+    return tmp_path
+
+
+def preprocess(tmp_path, *extra, dest="out"):
+    return run("preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "train",
+               "--validpref", tmp_path / "valid", "--destdir", tmp_path / dest, "--quiet", "--workers", 1,
+               "--bpe-merges", 10, *extra)
+
+
+def read_split(dest, split, lang):
+    meta = json.loads((dest / "meta.json").read_text())
+    array = IndexedArray(dest / f"{split}.{lang}", np.dtype(meta["dtype"]))
+    vocab = Vocabulary.load(dest / f"dict.{lang}.txt")
+    return [vocab.decode(array[i].tolist()) for i in range(len(array))]
+
+
+def test_filtering_counts_and_kept_pairs(tmp_path):
+    result = preprocess(corpus(tmp_path), "--max-len", 20, "--max-len-ratio", 2.0)
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    train = meta["splits"]["train"]
+    assert train["pairs_in"] == 7 and train["pairs_out"] == 3
+    assert train["dropped"] == {"empty": 2, "too_long": 1, "length_ratio": 1}
+    kept = [" ".join(t).replace("@@ ", "") for t in read_split(tmp_path / "out", "train", "en")]
+    assert kept == ["the red cat", "a dog", "cats sit on mats"]
+
+
+def test_bpe_length_filter_after_segmentation(tmp_path):
+    # 3 words fit max-len 3, but with no merges learned each word of 5 characters is 5 subwords.
+    write_lines(tmp_path / "train.en", ["abcde fghij klmno", "a b"])
+    write_lines(tmp_path / "train.de", ["abcde fghij klmno", "a b"])
+    write_lines(tmp_path / "valid.en", ["a"])
+    write_lines(tmp_path / "valid.de", ["a"])
+    result = preprocess(tmp_path, "--max-len", 3, "--bpe-merges", 1)
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    assert result.exit_code == 0, result.output
+    assert meta["splits"]["train"]["dropped"] == {"too_long": 1} and meta["splits"]["train"]["pairs_out"] == 1
+
+
+def test_valid_split_keeps_alignment_and_empty_lines(tmp_path):
+    assert preprocess(corpus(tmp_path)).exit_code == 0
+    en, de = read_split(tmp_path / "out", "valid", "en"), read_split(tmp_path / "out", "valid", "de")
+    assert len(en) == len(de) == 4
+    assert en[1] == [] and de[2] == []
+    assert "<unk>" in en[2]
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    assert meta["splits"]["valid"]["pairs_out"] == 4 and meta["splits"]["valid"]["unk_rate"]["en"] > 0
+
+
+def test_meta_records_settings_versions_and_checksums(tmp_path):
+    assert preprocess(corpus(tmp_path), "--lowercase").exit_code == 0
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    assert meta["text"]["lowercase"] is True and meta["joined_dictionary"] is True
+    assert set(meta["versions"]) == {"sacremoses", "subword-nmt", "numpy"}
+    assert "train.en.bin" in meta["checksums"] and "bpe.codes" in meta["checksums"]
+    assert (tmp_path / "out/bpe.codes").read_text().startswith("#version")
+
+
+def test_separate_dictionaries(tmp_path):
+    assert preprocess(corpus(tmp_path), "--separate-dictionaries").exit_code == 0
+    en = Vocabulary.load(tmp_path / "out/dict.en.txt")
+    de = Vocabulary.load(tmp_path / "out/dict.de.txt")
+    assert en != de
+    assert json.loads((tmp_path / "out/meta.json").read_text())["joined_dictionary"] is False
+
+
+def test_gzip_input(tmp_path):
+    corpus(tmp_path)
+    for lang in ("en", "de"):
+        data = (tmp_path / f"train.{lang}").read_bytes()
+        (tmp_path / f"train.{lang}").unlink()
+        with gzip.open(tmp_path / f"train.{lang}.gz", "wb") as f:
+            f.write(data)
+    result = preprocess(tmp_path)
+    assert result.exit_code == 0, result.output
+
+
+def test_reuse_data_dir_for_new_test_set(tmp_path):
+    assert preprocess(corpus(tmp_path)).exit_code == 0
+    write_lines(tmp_path / "new.en", TRAIN_EN[:2])
+    write_lines(tmp_path / "new.de", TRAIN_DE[:2])
+    result = run("preprocess", "-s", "en", "-t", "de", "--testpref", tmp_path / "new", "--destdir",
+                 tmp_path / "new_out", "--from-data", tmp_path / "out", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "new_out/dict.en.txt").read_text() == (tmp_path / "out/dict.en.txt").read_text()
+    assert read_split(tmp_path / "new_out", "test", "en") == read_split(tmp_path / "out", "train", "en")[:2]
+
+
+def test_two_workers_write_the_same_files_as_one(multi30k, tmp_path):
+    for name in ("train", "valid"):
+        for lang in ("en", "de"):
+            write_lines(tmp_path / f"{name}.{lang}", head(multi30k / f"train.{lang}", 2500 if name == "train" else 300))
+    assert preprocess(tmp_path, "--bpe-merges", 300, dest="one").exit_code == 0
+    result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "train", "--validpref",
+                 tmp_path / "valid", "--destdir", tmp_path / "two", "--quiet", "--workers", 2, "--bpe-merges", 300)
+    assert result.exit_code == 0, result.output
+    one = json.loads((tmp_path / "one/meta.json").read_text())["checksums"]
+    two = json.loads((tmp_path / "two/meta.json").read_text())["checksums"]
+    assert one == two
+
+
+def test_round_trip_through_the_data_dir(multi30k, tmp_path):
+    for lang in ("en", "de"):
+        write_lines(tmp_path / f"train.{lang}", head(multi30k / f"train.{lang}", 1000))
+        write_lines(tmp_path / f"valid.{lang}", head(multi30k / f"val.{lang}", 200))
+    assert preprocess(tmp_path, "--bpe-merges", 500).exit_code == 0
+    processor = TextProcessor(TextConfig("en", "de"), "en")
+    back = [processor.decode(tokens) for tokens in read_split(tmp_path / "out", "valid", "en")]
+    originals = [processor.normalizer.normalize(line) for line in head(multi30k / "val.en", 200)]
+    unk_free = [(b, o) for b, o in zip(back, originals) if "<unk>" not in b]
+    assert len(unk_free) > 150
+    assert sum(b == o for b, o in unk_free) >= 0.98 * len(unk_free)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_line_count_mismatch(tmp_path):
+    corpus(tmp_path, de=TRAIN_DE[:-2])
+    result = preprocess(tmp_path)
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'train.de'}:6: file ends here" in result.output and "line counts differ" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_target_longer_than_source(tmp_path):
+    corpus(tmp_path, en=TRAIN_EN[:3])
+    result = preprocess(tmp_path)
+    assert result.exit_code == 1 and f"{tmp_path / 'train.en'}:4: file ends here" in result.output
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    corpus(tmp_path)
+    with open(tmp_path / "train.de", "ab") as f:
+        f.write(b"ok\nbad \xff byte\n")
+    with open(tmp_path / "train.en", "ab") as f:
+        f.write(b"ok\nfine\n")
+    result = preprocess(tmp_path)
+    assert result.exit_code == 1 and f"{tmp_path / 'train.de'}:9: invalid UTF-8" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not list(tmp_path.glob(".out*")) and not (tmp_path / "out").exists()
+
+
+def test_missing_file(tmp_path):
+    corpus(tmp_path)
+    (tmp_path / "valid.de").unlink()
+    result = preprocess(tmp_path)
+    assert result.exit_code == 1 and f"{tmp_path / 'valid.de'}: no such file" in result.output
+
+
+def test_non_empty_destdir_needs_force(tmp_path):
+    corpus(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/keep.txt").write_text("mine")
+    result = preprocess(tmp_path)
+    assert result.exit_code == 1 and "exists and is not empty" in result.output
+    assert (tmp_path / "out/keep.txt").read_text() == "mine"
+    assert preprocess(tmp_path, "--force").exit_code == 0
+    assert (tmp_path / "out/meta.json").exists() and not (tmp_path / "out/keep.txt").exists()
+
+
+def test_empty_training_set_after_filtering(tmp_path):
+    corpus(tmp_path, en=["one", "", "two"], de=["", "zwei", "drei vier fuenf sechs sieben"])
+    result = preprocess(tmp_path)
+    assert result.exit_code == 1 and "no training pair is left after filtering" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_interrupted_run_leaves_no_directory(tmp_path, monkeypatch):
+    import nmt_cli.preprocess as pp
+
+    corpus(tmp_path)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pp, "build_vocabularies", crash)
+    with pytest.raises(KeyboardInterrupt):
+        pp.preprocess(pp.PreprocessOptions(TextConfig("en", "de"), tmp_path / "out", str(tmp_path / "train"),
+                                           bpe_merges=5, workers=1, progress=False))
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_same_language_twice_is_refused(tmp_path):
+    corpus(tmp_path)
+    result = run("preprocess", "-s", "en", "-t", "en", "--trainpref", tmp_path / "train", "--destdir", tmp_path / "o")
+    assert result.exit_code == 1 and "both 'en'" in result.output
+
+
+def test_bad_bpe_codes_name_the_line(tmp_path):
+    corpus(tmp_path)
+    (tmp_path / "codes").write_text("#version: 0.2\nt h\nbad line here\n")
+    result = preprocess(tmp_path, "--bpe-codes", tmp_path / "codes")
+    assert result.exit_code == 1 and "BPE codes:3: expected a merge" in result.output
+
+
+def test_corpus_with_nothing_to_merge(tmp_path):
+    corpus(tmp_path, en=["a b", "c"], de=["d", "e f"])
+    result = preprocess(tmp_path, "--max-len-ratio", 3)
+    assert result.exit_code == 1 and "--bpe-merges 0" in result.output
+    assert preprocess(tmp_path, "--max-len-ratio", 3, "--bpe-merges", 0, dest="nobpe").exit_code == 0
+    assert not (tmp_path / "nobpe/bpe.codes").exists()
