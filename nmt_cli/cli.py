@@ -15,27 +15,42 @@ from typing import Any
 import click
 
 from nmt_cli import NmtError, __version__
-from nmt_cli.config import PRESETS, ModelConfig, paper_row
+from nmt_cli.config import PRESETS, ModelConfig, TrainConfig, paper_row
 
 
-def _click_type(f: dataclasses.Field) -> click.ParamType:
+def _click_type(cls: type, f: dataclasses.Field) -> click.ParamType:
     meta = f.metadata
     if "choices" in meta:
         return click.Choice(meta["choices"])
-    hint = typing.get_type_hints(ModelConfig)[f.name]
+    hint = typing.get_type_hints(cls)[f.name]
     if isinstance(hint, types.UnionType):  # `int | None`
         hint = next(t for t in typing.get_args(hint) if t is not type(None))
     if hint is int:
         return click.IntRange(min=meta.get("min"))
-    return click.FloatRange(min=meta.get("min"), max=meta.get("max"), max_open="max" in meta)
+    return click.FloatRange(min=meta.get("min"), max=meta.get("max"), min_open=meta.get("exclusive_min", False),
+                            max_open="max" in meta)
+
+
+def config_options(cls: type) -> Callable[[Callable], Callable]:
+    """One flag per field of a config dataclass (`d_ff` -> `--d-ff`), defaulting to None (= unchanged)."""
+
+    def decorate(command: Callable) -> Callable:
+        for f in reversed(dataclasses.fields(cls)):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in (bool, "bool"):
+                command = click.option(flag, f.name, is_flag=True, default=None, help=f.metadata["help"])(command)
+                continue
+            default = f.default if cls is not ModelConfig else None
+            command = click.option(flag, f.name, type=_click_type(cls, f), default=default,
+                                   show_default=default is not None, help=f.metadata["help"])(command)
+        return command
+
+    return decorate
 
 
 def model_options(command: Callable) -> Callable:
-    """`--arch` plus one flag per ModelConfig field (`d_ff` -> `--d-ff`), all defaulting to the preset."""
-    for f in reversed(dataclasses.fields(ModelConfig)):
-        flag = "--" + f.name.replace("_", "-")
-        command = click.option(flag, f.name, type=_click_type(f), default=None,
-                               help=f.metadata["help"])(command)
+    """`--arch` plus every ModelConfig field as a flag, defaulting to the preset's value."""
+    command = config_options(ModelConfig)(command)
     return click.option("--arch", type=click.Choice(sorted(PRESETS)), default="base", show_default=True,
                         help="Preset: base/big (Table 3), iwslt, small (CPU).")(command)
 
@@ -110,7 +125,6 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
 
 
 for _name, _help in [
-    ("train", "Train a Transformer with the paper's regime (resumable; torchrun for many GPUs)."),
     ("average-checkpoints", "Average the parameters of the last N checkpoints (§6.1)."),
     ("translate", "Translate raw text with batched beam search and length penalty."),
     ("score", "Corpus BLEU (and chrF/TER) through sacreBLEU, with its signature."),
@@ -188,3 +202,26 @@ def print_preprocess_summary(meta: dict[str, Any]) -> None:
     console = Console(stderr=True)
     console.print(table)
     console.print("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["timings"].items()))
+
+
+@main.command()
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--save-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoints and train_log.jsonl; training resumes from its checkpoint_last.pt.")
+@model_options
+@config_options(TrainConfig)
+@click.option("--reset", is_flag=True, help="Start afresh even if --save-dir has a checkpoint.")
+@click.option("--init-from", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Fine-tune: start from this checkpoint's weights (new optimizer and counters).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Path | None, quiet: bool,
+          **options: Any) -> None:
+    """Train a Transformer with the paper's regime (resumable; torchrun for many GPUs)."""
+    from nmt_cli.train import TrainingRun
+
+    model_config = build_model_config(arch, options)
+    try:
+        config = TrainConfig(**{k: v for k, v in options.items() if v is not None})
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    TrainingRun(data_dir, save_dir, model_config, config, reset, init_from, progress_bar=not quiet).run()

@@ -12,11 +12,28 @@ from typing import Any
 
 POSITIONS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
+LR_SCHEDULES = ("noam", "inverse-sqrt")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def _knob(default: Any, help: str, **limits: Any) -> Any:
     """A config field with its command-line help and range (`min`, `max`, `choices`)."""
     return field(default=default, metadata={"help": help, **limits})
+
+
+def check_knobs(config: Any) -> None:
+    """Validate every field of a config dataclass against its `min`, `max` and `choices`."""
+    for f in dataclasses.fields(config):
+        value, meta = getattr(config, f.name), f.metadata
+        if value is None or isinstance(value, bool):
+            continue
+        if "choices" in meta and value not in meta["choices"]:
+            raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(meta['choices'])}")
+        if "min" in meta and (value <= meta["min"] if meta.get("exclusive_min") else value < meta["min"]):
+            raise ValueError(f"{f.name}={value}: must be {'>' if meta.get('exclusive_min') else '>='} {meta['min']}")
+        if "max" in meta and value >= meta["max"]:
+            raise ValueError(f"{f.name}={value}: must be < {meta['max']}")
 
 
 @dataclass(frozen=True)
@@ -39,16 +56,7 @@ class ModelConfig:
     max_positions: int = _knob(1024, "Longest sequence (tokens, incl. EOS) the model accepts.", min=1)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value, meta = getattr(self, f.name), f.metadata
-            if value is None:
-                continue
-            if "choices" in meta and value not in meta["choices"]:
-                raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(meta['choices'])}")
-            if "min" in meta and value < meta["min"]:
-                raise ValueError(f"{f.name}={value}: must be >= {meta['min']}")
-            if "max" in meta and value >= meta["max"]:
-                raise ValueError(f"{f.name}={value}: must be < {meta['max']}")
+        check_knobs(self)
         if self.d_k is None or self.d_v is None:
             if self.d_model % self.heads:
                 raise ValueError(
@@ -152,3 +160,54 @@ def paper_row(config: ModelConfig) -> PaperRow | None:
         if shape(PRESETS["base"].replace(**row.overrides)) == shape(config):
             return row
     return None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training regime of §5. Defaults are the paper's (Adam 0.9/0.98/1e-9, eq. 3, warmup 4000).
+
+    `max_tokens` is per process and per micro-batch; one update sees
+    max_tokens x processes x update_freq tokens (the paper: ~25,000 source + 25,000 target).
+    """
+
+    max_tokens: int = _knob(4096, "Tokens per micro-batch and process (longer side, padding included).", min=1)
+    max_sentences: int | None = _knob(None, "At most this many sentence pairs per micro-batch.", min=1)
+    update_freq: int = _knob(1, "Accumulate gradients of this many micro-batches per update.", min=1)
+    lr_schedule: str = _knob("noam", "noam: eq. 3 (x --lr-scale); inverse-sqrt: linear warmup to --lr, then "
+                             "1/sqrt(step) (fairseq).", choices=LR_SCHEDULES)
+    lr_scale: float = _knob(1.0, "Multiplier of the noam rate (eq. 3).", min=0.0, exclusive_min=True)
+    lr: float = _knob(5e-4, "Peak rate of the inverse-sqrt schedule.", min=0.0, exclusive_min=True)
+    warmup: int = _knob(4000, "Warmup updates (§5.3: 4000).", min=1)
+    adam_beta1: float = _knob(0.9, "Adam beta1 (§5.3).", min=0.0, max=1.0)
+    adam_beta2: float = _knob(0.98, "Adam beta2 (§5.3).", min=0.0, max=1.0)
+    adam_eps: float = _knob(1e-9, "Adam epsilon (§5.3).", min=0.0, exclusive_min=True)
+    weight_decay: float = _knob(0.0, "Decoupled weight decay (AdamW); 0 = the paper's Adam.", min=0.0)
+    clip_norm: float = _knob(0.0, "Clip the gradient norm to this (0 = off, as in the paper).", min=0.0)
+    max_updates: int | None = _knob(None, "Stop after this many updates in total (absolute, also on resume).", min=1)
+    max_epochs: int | None = _knob(None, "Stop after this many epochs in total.", min=1)
+    max_time: float | None = _knob(None, "Stop after this many minutes of training in total.", min=0.0,
+                                   exclusive_min=True)
+    patience: int | None = _knob(None, "Stop after this many validations without a better perplexity.", min=1)
+    validate_interval_updates: int = _knob(0, "Validate every N updates too (0: at epoch ends only).", min=0)
+    save_interval_updates: int = _knob(0, "Save a checkpoint every N updates (0: off).", min=0)
+    save_interval_minutes: float = _knob(10.0, "Save a checkpoint every this many minutes (the paper: 10).",
+                                         min=0.0, exclusive_min=True)
+    keep_last: int = _knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
+    log_interval: int = _knob(50, "Log every N updates.", min=1)
+    seed: int = _knob(1, "Seed of initialization, dropout and batch order.", min=0)
+    precision: str = _knob("auto", "auto: bf16 autocast on a CUDA GPU that supports it, else fp32.",
+                           choices=PRECISIONS)
+    device: str = _knob("auto", "auto: CUDA when available.", choices=DEVICES)
+    compile: bool = _knob(False, "torch.compile the model.")
+    threads: int | None = _knob(None, "CPU threads for PyTorch [default: PyTorch's].", min=1)
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

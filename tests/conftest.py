@@ -25,3 +25,37 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 def head(path: Path, n: int) -> list[str]:
     with open(path, encoding="utf-8") as f:
         return [next(f).rstrip("\n") for _ in range(n)]
+
+
+SYMBOLS = "abcdefghijklmnop"
+
+
+def synthetic_pairs(n: int, seed: int, task: str = "reverse", min_len: int = 3, max_len: int = 8):
+    """Sequences of letters and their transduction: `reverse`, or `copy`."""
+    import random
+
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        seq = [rng.choice(SYMBOLS) for _ in range(rng.randint(min_len, max_len))]
+        out = seq[::-1] if task == "reverse" else seq
+        pairs.append((" ".join(seq), " ".join(out)))
+    return pairs
+
+
+def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, task: str = "reverse",
+                       seed: int = 0, **kwargs) -> Path:
+    """A data directory made by `nmt preprocess` from a synthetic task (whitespace tokens, no BPE)."""
+    from nmt_cli.preprocess import PreprocessOptions, preprocess
+    from nmt_cli.text import TextConfig
+
+    raw = tmp_path / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, n, split_seed in (("train", n_train, seed), ("valid", n_valid, seed + 1000)):
+        pairs = synthetic_pairs(n, split_seed, task, **kwargs)
+        write_lines(raw / f"{split}.src", [s for s, _ in pairs])
+        write_lines(raw / f"{split}.tgt", [t for _, t in pairs])
+    dest = tmp_path / "data"
+    preprocess(PreprocessOptions(TextConfig("src", "tgt", tokenizer="none"), dest, str(raw / "train"),
+                                 str(raw / "valid"), bpe_merges=0, workers=1, progress=False, max_len_ratio=10))
+    return dest

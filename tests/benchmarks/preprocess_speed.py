@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -39,12 +38,16 @@ def make_corpus(out: Path, repeat: int) -> int:
 
 def run(corpus: Path, workers: int, merges: int) -> dict:
     dest = corpus / f"out{workers}"
-    command = [sys.executable, "-m", "nmt_cli", "preprocess", "-s", "en", "-t", "de", "--trainpref",
-               str(corpus / "train"), "--validpref", str(corpus / "val"), "--testpref", str(corpus / "test_2016_flickr"),
-               "--destdir", str(dest), "--bpe-merges", str(merges), "--workers", str(workers), "--quiet", "--force"]
+    command = [sys.executable, "-m", "nmt_cli", "preprocess", "-s", "en", "-t", "de",
+               "--trainpref", str(corpus / "train"), "--validpref", str(corpus / "val"),
+               "--testpref", str(corpus / "test_2016_flickr"), "--destdir", str(dest),
+               "--bpe-merges", str(merges), "--workers", str(workers), "--quiet", "--force"]
     start = time.perf_counter()
-    subprocess.run(command, check=True)
+    process = subprocess.Popen(command)
+    _, status, usage = os.wait4(process.pid, 0)  # this run's own peak RSS (its workers included)
     wall = time.perf_counter() - start
+    if status:
+        raise SystemExit(f"nmt preprocess failed with status {status}")
     meta = json.loads((dest / "meta.json").read_text())
     train = meta["splits"]["train"]
     t = meta["timings"]
@@ -53,7 +56,7 @@ def run(corpus: Path, workers: int, merges: int) -> dict:
         "wall_s": round(wall, 2), "stages_s": t,
         "tokenize_lines_per_s": round(train["pairs_in"] / t["tokenize_train"]),
         "bpe_binarize_lines_per_s": round(train["pairs_out"] / t["binarize_train"]),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
     }
 
 
@@ -66,10 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         make_corpus(Path(tmp), args.repeat)
         for workers in args.workers:
-            # A fresh interpreter per run so that peak RSS belongs to that run alone.
-            code = ("import json,sys; sys.path.insert(0, %r); from preprocess_speed import run; from pathlib import Path;"
-                    " print(json.dumps(run(Path(%r), %d, %d)))" % (str(Path(__file__).parent), tmp, workers, args.bpe_merges))
-            subprocess.run([sys.executable, "-c", code], check=True)
+            print(json.dumps(run(Path(tmp), workers, args.bpe_merges)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""Self-describing checkpoints, written atomically and read without running foreign code.
+
+A checkpoint is a dict of plain types and tensors only, so `torch.load(weights_only=True)` reads
+it: the model and training configs, the tokenizer settings, the BPE codes, the vocabularies, the
+parameters, and (for training checkpoints) optimizer, scaler, progress and RNG states. With it,
+`nmt translate -m CKPT` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli import NmtError, __version__
+from nmt_cli.config import ModelConfig
+from nmt_cli.model import Transformer
+from nmt_cli.text import TextConfig
+from nmt_cli.vocab import PAD_ID, Vocabulary
+
+FORMAT_VERSION = 1
+NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
+
+
+@dataclass
+class ModelBundle:
+    """Everything needed to use a trained model: the network and its text pipeline."""
+
+    model: Transformer
+    text: TextConfig
+    bpe_codes: str | None
+    src_vocab: Vocabulary
+    tgt_vocab: Vocabulary
+
+
+def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vocab: Vocabulary,
+             tgt_vocab: Vocabulary) -> dict[str, Any]:
+    """The self-describing part of every checkpoint."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "nmt_cli_version": __version__,
+        "model_config": model.config.to_dict(),
+        "text_config": text.to_dict(),
+        "bpe_codes": bpe_codes,
+        "src_vocab": src_vocab.tokens,
+        "tgt_vocab": tgt_vocab.tokens,
+        "shared_vocab": model.src_embed.tokens is model.tgt_embed.tokens,
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    }
+
+
+def save(checkpoint: dict[str, Any], path: Path) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def link(source: Path, target: Path) -> None:
+    """Make `target` the same file as `source` (hard link, or copy), atomically."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a checkpoint safely (`weights_only=True`); any problem is a one-line NmtError."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: no such checkpoint")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NmtError(f"{path}: refused to load: not a plain nmt-cli checkpoint ({first[:200]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        raise NmtError(f"{path}: unreadable or truncated checkpoint ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(checkpoint, dict) or "format_version" not in checkpoint:
+        raise NmtError(f"{path}: not an nmt-cli checkpoint")
+    if checkpoint["format_version"] != FORMAT_VERSION:
+        raise NmtError(f"{path}: checkpoint format version {checkpoint['format_version']}, this nmt-cli "
+                       f"{__version__} reads version {FORMAT_VERSION}")
+    return checkpoint
+
+
+def build_model(checkpoint: dict[str, Any]) -> Transformer:
+    config = ModelConfig.from_dict(checkpoint["model_config"])
+    model = Transformer(config, len(checkpoint["src_vocab"]), len(checkpoint["tgt_vocab"]), PAD_ID,
+                        checkpoint["shared_vocab"])
+    model.load_state_dict(checkpoint["model"])
+    return model
+
+
+def load_bundle(path: Path) -> ModelBundle:
+    """A model ready for inference (eval mode, CPU) with its text pipeline."""
+    checkpoint = load(path)
+    src_vocab = Vocabulary(checkpoint["src_vocab"][4:])
+    tgt_vocab = src_vocab if checkpoint["shared_vocab"] else Vocabulary(checkpoint["tgt_vocab"][4:])
+    return ModelBundle(build_model(checkpoint).eval(), TextConfig.from_dict(checkpoint["text_config"]),
+                       checkpoint["bpe_codes"], src_vocab, tgt_vocab)
+
+
+def numbered(save_dir: Path) -> list[tuple[int, Path]]:
+    """`checkpoint_N.pt` files of a save directory, by update number N."""
+    found = [(int(m.group(1)), p) for p in Path(save_dir).glob("checkpoint_*.pt") if (m := NUMBERED.search(p.name))]
+    return sorted(found)
+
+
+def prune(save_dir: Path, keep_last: int) -> None:
+    """Remove numbered checkpoints beyond the newest `keep_last`."""
+    for _, path in numbered(save_dir)[:-keep_last] if keep_last > 0 else []:
+        path.unlink(missing_ok=True)

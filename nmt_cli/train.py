@@ -1,0 +1,499 @@
+"""`nmt train`: the training regime of §5, resumable, on one CPU or many GPUs (torchrun).
+
+One update = `update_freq` micro-batches on each of `world` processes. The batches of an epoch
+are a seeded permutation of length-grouped token batches (data.py); update u of an epoch takes
+batches [u*W*K, (u+1)*W*K) and process r the K of them starting at u*W*K + r*K. The loss of an
+update is the sum over its target tokens divided by their number, whatever W and K are, so
+W processes with K micro-batches give the same update as one process with W*K.
+
+Resume: a checkpoint stores the update count, the epoch and the updates done in it, the optimizer,
+the scaler and every RNG state, so stop + resume gives the same parameters as one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt_cli import NmtError
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.config import ModelConfig, TrainConfig
+from nmt_cli.data import ParallelData, shuffled, token_batches
+from nmt_cli.model import Transformer
+from nmt_cli.preprocess import load_meta
+from nmt_cli.text import TextConfig
+from nmt_cli.vocab import PAD_ID, Vocabulary
+
+DIST_TIMEOUT = datetime.timedelta(minutes=5)
+MAX_NONFINITE_IN_A_ROW = 5
+
+
+# ---------------------------------------------------------------------------- the paper's pieces
+
+def learning_rate(step: int, d_model: int, config: TrainConfig) -> float:
+    """Rate for update `step` (1-based).
+
+    noam, eq. 3: lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+    inverse-sqrt: lr * step / warmup during warmup, then lr * sqrt(warmup / step).
+    """
+    if config.lr_schedule == "noam":
+        return config.lr_scale * d_model ** -0.5 * min(step ** -0.5, step * config.warmup ** -1.5)
+    return config.lr * min(step / config.warmup, math.sqrt(config.warmup / step))
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """Sums over non-pad targets of the label-smoothed loss and of the true NLL (§5.4).
+
+    Smoothing follows Szegedy et al.: the target distribution is (1 - eps) on the reference
+    plus eps / V on every class, so loss = (1 - eps) * NLL + eps * mean_v(-log p_v).
+    """
+    lprobs = F.log_softmax(logits.float(), dim=-1)
+    mask = target != PAD_ID
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask]
+    uniform = -lprobs.mean(dim=-1)[mask]
+    return ((1 - epsilon) * nll + epsilon * uniform).sum(), nll.sum()
+
+
+# ---------------------------------------------------------------------------- set-up
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    updates: int = 0
+    epoch: int = 1
+    epoch_updates: int = 0
+    elapsed_s: float = 0.0
+    best_valid_nll: float = math.inf
+    bad_validations: int = 0
+    nonfinite_skips: int = 0
+    oom_skips: int = 0
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def set_up_runtime(config: TrainConfig) -> Runtime:
+    """Device, precision and, under torchrun, the process group (NCCL on GPU, gloo on CPU)."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    cuda = torch.cuda.is_available() if config.device == "auto" else config.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise NmtError("--device cuda: no CUDA device is available")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
+    precision = config.precision
+    if precision == "auto":
+        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    if precision != "fp32" and not cuda:
+        raise NmtError(f"--precision {precision} needs a CUDA device; use fp32 on CPU")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return Runtime(device, dtype, rank, world, local_rank)
+
+
+def rng_state() -> dict[str, Any]:
+    numpy_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+# ---------------------------------------------------------------------------- the trainer
+
+class Trainer:
+    """Model, optimizer and one update: forward/backward over this process's micro-batches, then step."""
+
+    def __init__(self, model: Transformer, config: TrainConfig, runtime: Runtime) -> None:
+        self.model, self.config, self.runtime = model, config, runtime
+        self.d_model = model.config.d_model
+        self.net: torch.nn.Module = model
+        if runtime.world > 1:
+            ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
+            self.net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if config.compile:
+            self.net = torch.compile(self.net)
+        betas = (config.adam_beta1, config.adam_beta2)
+        fused = {"fused": True} if runtime.device.type == "cuda" else {}
+        adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
+        extra = {"weight_decay": config.weight_decay} if config.weight_decay else {}
+        self.optimizer = adam(model.parameters(), lr=0.0, betas=betas, eps=config.adam_eps, **fused, **extra)
+        self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == torch.float16)
+        self.epsilon = model.config.label_smoothing
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype,
+                              enabled=self.runtime.dtype != torch.float32)
+
+    def update(self, data: ParallelData, batches: list[np.ndarray], update_tokens: int, step: int,
+               pad_multiple: int) -> dict[str, float] | None:
+        """One optimizer step over `batches`; None when it was skipped (non-finite loss or OOM)."""
+        self.net.train()
+        # DDP averages gradients over processes; scaling by `world` makes them sums over all tokens.
+        scale = self.runtime.world / update_tokens
+        totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
+        for i, indices in enumerate(batches):
+            batch = data.collate(indices, pad_multiple).to(self.runtime.device)
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if last or self.runtime.world == 1 else self.net.no_sync()
+            with sync:
+                with self.autocast():
+                    logits = self.net(batch.src, batch.tgt_in)
+                loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.epsilon)
+                self.scaler.scale(loss * scale).backward()
+            totals += torch.stack([loss.detach(), nll.detach(), (batch.tgt_out != PAD_ID).sum().float()]).double()
+        loss_sum = totals[0].item()  # one host-device sync per update
+        if not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        lr = learning_rate(step, self.d_model, self.config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.config.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_sum, "nll": totals[1].item(), "tokens": totals[2].item(), "lr": lr}
+
+    @torch.inference_mode()
+    def validate(self, data: ParallelData, max_tokens: int, pad_multiple: int) -> dict[str, float]:
+        """Label-smoothed loss, NLL and perplexity per target token over a whole split."""
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
+        longest = int(max(data.src_lengths.max(initial=1), data.tgt_lengths.max(initial=1)))
+        for indices in token_batches(data.src_lengths, data.tgt_lengths, max(max_tokens, longest)):
+            batch = data.collate(indices, pad_multiple).to(self.runtime.device)
+            with self.autocast():
+                logits = self.model(batch.src, batch.tgt_in)
+            loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.epsilon)
+            totals += torch.stack([loss, nll, (batch.tgt_out != PAD_ID).sum().float()]).double()
+        loss, nll, tokens = totals.tolist()
+        return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(nll / tokens)}
+
+    def state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+
+
+# ---------------------------------------------------------------------------- the loop
+
+class TrainingRun:
+    """Data, model, trainer and save directory of one `nmt train` invocation."""
+
+    def __init__(self, data_dir: Path, save_dir: Path, model_config: ModelConfig, config: TrainConfig,
+                 reset: bool = False, init_from: Path | None = None, progress_bar: bool = True) -> None:
+        self.config, self.save_dir, self.progress_bar = config, Path(save_dir), progress_bar
+        self.runtime = set_up_runtime(config)
+        meta = load_meta(data_dir)
+        self.text = TextConfig.from_dict(meta["text"])
+        src, tgt = self.text.source_lang, self.text.target_lang
+        self.src_vocab = Vocabulary.load(Path(data_dir) / meta["dictionaries"][src])
+        self.tgt_vocab = Vocabulary.load(Path(data_dir) / meta["dictionaries"][tgt])
+        self.bpe_codes = (Path(data_dir) / meta["bpe_codes"]).read_text(encoding="utf-8") if meta["bpe_codes"] else None
+        dtype = np.dtype(meta["dtype"])
+        self.train = ParallelData.load(Path(data_dir), "train", src, tgt, dtype)
+        self.valid = ParallelData.load(Path(data_dir), "valid", src, tgt, dtype) if "valid" in meta["splits"] else None
+        longest = int(max(self.train.src_lengths.max(), self.train.tgt_lengths.max()))
+        if longest > model_config.max_positions:
+            raise NmtError(f"{data_dir}: training has a sequence of {longest} tokens (EOS included), more than "
+                           f"--max-positions {model_config.max_positions}; raise it or preprocess with a "
+                           "smaller --max-len")
+        self.pad_multiple = 8 if self.runtime.device.type == "cuda" else 1
+        try:
+            self.batches = token_batches(self.train.src_lengths, self.train.tgt_lengths, config.max_tokens,
+                                         config.max_sentences, self.pad_multiple)
+        except ValueError as e:
+            raise NmtError(f"{data_dir}: {e}; raise --max-tokens") from None
+
+        torch.manual_seed(config.seed)
+        shared = meta["joined_dictionary"]
+        model = Transformer(model_config, len(self.src_vocab), len(self.tgt_vocab), PAD_ID, shared)
+        self.model = model.to(self.runtime.device)
+        self.progress = Progress()
+        resume = self.save_dir / "checkpoint_last.pt"
+        if reset or not resume.exists():
+            if init_from is not None:
+                self._load_weights(init_from)
+            state = None
+        else:
+            state = ckpt.load(resume)
+            self._check_compatible(state, resume)
+            self.model.load_state_dict(state["model"])
+        self.trainer = Trainer(self.model, config, self.runtime)
+        if state is not None:
+            self.trainer.load_state(state)
+            self.progress = Progress(**state["progress"])
+            if state["batching"] != self.batching():
+                self.log(f"batching changed since {resume} ({state['batching']} -> {self.batching()}): "
+                         f"continuing with epoch {self.progress.epoch + 1}")
+                self.progress.epoch, self.progress.epoch_updates = self.progress.epoch + 1, 0
+            set_rng_state(state["rng"][min(self.runtime.rank, len(state["rng"]) - 1)])
+        else:
+            torch.manual_seed(config.seed + self.runtime.rank)  # dropout differs per process
+        self.resumed = state is not None
+
+    # -- checks and bookkeeping
+
+    def batching(self) -> dict[str, Any]:
+        c = self.config
+        return {"max_tokens": c.max_tokens, "max_sentences": c.max_sentences, "update_freq": c.update_freq,
+                "seed": c.seed, "world": self.runtime.world, "pad_multiple": self.pad_multiple}
+
+    def _check_compatible(self, state: dict[str, Any], path: Path) -> None:
+        """Refuse a checkpoint of another model or vocabulary, naming the first difference."""
+        ours = self.model.config.to_dict()
+        for key, value in state["model_config"].items():
+            if ours.get(key) != value:
+                raise NmtError(f"{path}: model config differs ({key}: {value} in the checkpoint, {ours.get(key)} now); "
+                               "use the same options, --reset to start over, or --init-from to fine-tune")
+        for side, vocab in (("src_vocab", self.src_vocab), ("tgt_vocab", self.tgt_vocab)):
+            if state[side] != vocab.tokens:
+                raise NmtError(f"{path}: the {side.replace('_', ' ')}ulary differs from the data directory's; "
+                               "use the data the checkpoint was trained on, or --reset")
+
+    def _load_weights(self, path: Path) -> None:
+        state = ckpt.load(path)
+        for side, vocab in (("src_vocab", self.src_vocab), ("tgt_vocab", self.tgt_vocab)):
+            if state[side] != vocab.tokens:
+                raise NmtError(f"{path}: --init-from needs the same vocabulary; the {side} differs")
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            detail = str(e).splitlines()[1].strip() if "\n" in str(e) else str(e)
+            raise NmtError(f"{path}: --init-from weights do not fit this architecture ({detail})") from None
+
+    def log(self, message: str) -> None:
+        if self.runtime.main:
+            print(f"nmt train: {message}", file=sys.stderr, flush=True)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        if self.runtime.main:
+            with open(self.save_dir / "train_log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def save(self, best: bool = False) -> None:
+        """`checkpoint_N.pt`, then checkpoint_last.pt (and checkpoint_best.pt) as links to it."""
+        states = [rng_state()]
+        if self.runtime.world > 1:
+            states = [None] * self.runtime.world
+            dist.all_gather_object(states, rng_state())
+        self.last_save = time.monotonic()
+        if not self.runtime.main:
+            return
+        checkpoint = ckpt.describe(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab)
+        checkpoint.update(self.trainer.state(), train_config=self.config.to_dict(), progress=asdict(self.progress),
+                          rng=states, batching=self.batching())
+        path = self.save_dir / f"checkpoint_{self.progress.updates}.pt"
+        ckpt.save(checkpoint, path)
+        ckpt.link(path, self.save_dir / "checkpoint_last.pt")
+        if best:
+            ckpt.link(path, self.save_dir / "checkpoint_best.pt")
+        ckpt.prune(self.save_dir, self.config.keep_last)
+
+    def agree(self, flag: bool) -> bool:
+        """True on every process when it is True on any (time- and signal-based decisions)."""
+        if self.runtime.world == 1:
+            return flag
+        value = torch.tensor([float(flag)], device=self.runtime.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def validate(self) -> bool:
+        """Validate, log, and return whether this is the best perplexity so far."""
+        if self.valid is None:
+            return False
+        result = self.trainer.validate(self.valid, self.config.max_tokens, self.pad_multiple)
+        best = result["nll"] < self.progress.best_valid_nll
+        if best:
+            self.progress.best_valid_nll, self.progress.bad_validations = result["nll"], 0
+        else:
+            self.progress.bad_validations += 1
+        self.record({"kind": "valid", "update": self.progress.updates, "epoch": self.progress.epoch,
+                     "elapsed_s": round(self.elapsed(), 1), **result})
+        self.log(f"validation at update {self.progress.updates}: loss {result['loss']:.3f}, "
+                 f"nll {result['nll']:.3f}, ppl {result['ppl']:.2f}" + (" (best)" if best else ""))
+        return best
+
+    def elapsed(self) -> float:
+        return self.progress.elapsed_s + time.monotonic() - self.started
+
+    # -- the loop
+
+    def done(self) -> str | None:
+        """Why training should stop now, if it should."""
+        c, p = self.config, self.progress
+        if c.max_updates is not None and p.updates >= c.max_updates:
+            return f"reached --max-updates {c.max_updates}"
+        if c.max_epochs is not None and p.epoch > c.max_epochs:
+            return f"reached --max-epochs {c.max_epochs}"
+        if c.patience is not None and p.bad_validations >= c.patience:
+            return f"no better validation perplexity in {c.patience} validations (--patience)"
+        return None
+
+    def run(self) -> Progress:
+        c, p, rt = self.config, self.progress, self.runtime
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        self.started = self.last_save = time.monotonic()
+        per_update = rt.world * c.update_freq
+        params = sum(t.numel() for t in self.model.parameters())
+        self.log(f"{'resuming at update ' + str(p.updates) if self.resumed else 'starting'}: {params:,} parameters, "
+                 f"{rt.device} {str(rt.dtype).removeprefix('torch.')}, {rt.world} process(es), "
+                 f"{len(self.train):,} training pairs in {len(self.batches):,} batches; up to "
+                 f"{c.max_tokens * per_update:,} tokens per update (max-tokens {c.max_tokens} x {rt.world} "
+                 f"x update-freq {c.update_freq})")
+        if (reason := self.done()) is not None:
+            self.log(f"nothing to do: {reason}")
+            return p
+        interrupted: list[int] = []
+        handlers = {sig: signal.signal(sig, lambda n, _f: interrupted.append(n))
+                    for sig in (signal.SIGINT, signal.SIGTERM)} if rt.main or rt.world > 1 else {}
+        bar = self._progress_bar()
+        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
+        try:
+            while (reason := self.done()) is None:
+                order = shuffled(self.batches, c.seed, p.epoch)
+                full, rest = divmod(len(order), per_update)
+                updates_in_epoch = full + (1 if rest and rt.world == 1 else 0)
+                while p.epoch_updates < updates_in_epoch and reason is None:
+                    group = order[p.epoch_updates * per_update:(p.epoch_updates + 1) * per_update]
+                    mine = group[rt.rank * c.update_freq:(rt.rank + 1) * c.update_freq]
+                    update_tokens = int(sum(self.train.tgt_lengths[b].sum() for b in group))
+                    stats = self._update(mine, update_tokens, p.updates + 1)
+                    p.epoch_updates += 1
+                    if stats is not None:
+                        p.updates += 1
+                        for key in ("loss", "nll", "tokens"):
+                            window[key] += stats[key]
+                        bar.update(1)
+                        if p.updates % c.log_interval == 0:
+                            self._log_window(window, stats["lr"], bar)
+                    reason = self._after_update(interrupted)
+                if reason is None:  # end of epoch
+                    best = self.validate()
+                    p.epoch, p.epoch_updates = p.epoch + 1, 0
+                    self.save(best)
+            if reason.startswith("interrupted"):
+                raise NmtError(f"{reason}; checkpoint saved at update {p.updates} in {self.save_dir}. "
+                               "Run the same command again to resume.")
+            self.log(f"done: {reason}; {p.updates} updates, {self.elapsed() / 60:.1f} minutes")
+        finally:
+            bar.close()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        return p
+
+    def _update(self, batches: list[np.ndarray], update_tokens: int, step: int) -> dict[str, float] | None:
+        p = self.progress
+        try:
+            stats = self.trainer.update(self.train, batches, update_tokens, step, self.pad_multiple)
+        except torch.cuda.OutOfMemoryError:
+            if self.runtime.world > 1:
+                raise NmtError(f"CUDA out of memory at update {step} on process {self.runtime.rank}; "
+                               "lower --max-tokens (and raise --update-freq)") from None
+            self.trainer.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            p.oom_skips += 1
+            self.log(f"CUDA out of memory at update {step}: batch skipped ({p.oom_skips} so far)")
+            return None
+        if stats is None:
+            p.nonfinite_skips += 1
+            self._nonfinite_in_a_row = getattr(self, "_nonfinite_in_a_row", 0) + 1
+            self.log(f"non-finite loss at update {step}: update skipped ({p.nonfinite_skips} so far)")
+            if self._nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+                raise NmtError(f"{MAX_NONFINITE_IN_A_ROW} non-finite losses in a row at update {step}: training "
+                               "diverged; lower the learning rate (--lr-scale/--lr), or use --precision bf16/fp32")
+            return None
+        self._nonfinite_in_a_row = 0
+        return stats
+
+    def _after_update(self, interrupted: list[int]) -> str | None:
+        """Validate and save when due; returns a reason to stop, if any."""
+        c, p = self.config, self.progress
+        out_of_time = c.max_time is not None and self.elapsed() >= c.max_time * 60
+        save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
+        out_of_time, save_due, stop = (self.agree(x) for x in (out_of_time, save_due, bool(interrupted)))
+        reason = self.done()
+        if stop:
+            reason = f"interrupted by signal {interrupted[0] if interrupted else ''}".strip()
+        elif out_of_time:
+            reason = f"reached --max-time {c.max_time:g} minutes"
+        best = False
+        if c.validate_interval_updates and p.updates % c.validate_interval_updates == 0 or \
+                (reason is not None and not reason.startswith("interrupted")):
+            best = self.validate()
+            reason = reason or self.done()
+        if reason or best or save_due or (c.save_interval_updates and p.updates % c.save_interval_updates == 0):
+            self.save(best)
+        return reason
+
+    def _progress_bar(self) -> Any:
+        from tqdm import tqdm
+
+        total = self.config.max_updates
+        return tqdm(total=total, initial=self.progress.updates, unit="upd", dynamic_ncols=True,
+                    disable=not (self.runtime.main and self.progress_bar), file=sys.stderr)
+
+    def _log_window(self, window: dict[str, float], lr: float, bar: Any) -> None:
+        now = time.monotonic()
+        tokens = max(window["tokens"], 1.0)
+        entry = {"kind": "train", "update": self.progress.updates, "epoch": self.progress.epoch,
+                 "loss": window["loss"] / tokens, "nll": window["nll"] / tokens,
+                 "ppl": math.exp(min(window["nll"] / tokens, 50)), "lr": lr,
+                 "tokens_per_s": window["tokens"] * self.runtime.world / (now - window["start"]),
+                 "elapsed_s": round(self.elapsed(), 1)}
+        self.record(entry)
+        summary = (f"loss {entry['loss']:.3f} ppl {entry['ppl']:.2f} lr {lr:.2e} "
+                   f"{entry['tokens_per_s']:,.0f} tok/s")
+        if bar.disable:
+            self.log(f"update {self.progress.updates} epoch {self.progress.epoch}: {summary}")
+        else:
+            bar.set_postfix_str(summary)
+        window.update(loss=0.0, nll=0.0, tokens=0.0, start=now)

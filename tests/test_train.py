@@ -1,0 +1,197 @@
+"""`nmt train`: rate, loss, resume, distributed equivalence, refusal, atomic checkpoints."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+from conftest import synthetic_data_dir
+
+from nmt_cli import NmtError
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.cli import main
+from nmt_cli.config import PRESETS, TrainConfig
+from nmt_cli.train import TrainingRun, label_smoothed_loss, learning_rate
+
+TINY = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=2, max_positions=64)
+
+
+def run_training(data, save_dir, model=TINY, **overrides):
+    config = TrainConfig(**{"max_tokens": 200, "warmup": 20, "lr_scale": 2.0, "log_interval": 10,
+                            "threads": 1, "save_interval_minutes": 1000.0, **overrides})
+    return TrainingRun(data, save_dir, model, config, progress_bar=False)
+
+
+def params(save_dir, name="checkpoint_last.pt"):
+    return ckpt.load(save_dir / name)["model"]
+
+
+# ---------------------------------------------------------------------------- the paper's formulas
+
+@pytest.mark.parametrize("step", [1, 4000, 16000])
+def test_noam_rate_is_equation_3(step):
+    expected = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+    assert learning_rate(step, 512, TrainConfig()) == pytest.approx(expected, rel=1e-12)
+    assert learning_rate(step, 512, TrainConfig(lr_scale=2.0)) == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_noam_peak_value():
+    # At step = warmup both branches meet: 512^-0.5 * 4000^-0.5 = 7.0e-4.
+    assert learning_rate(4000, 512, TrainConfig()) == pytest.approx(6.987712429686844e-4)
+
+
+def test_inverse_sqrt_rate():
+    config = TrainConfig(lr_schedule="inverse-sqrt", lr=1e-3, warmup=100)
+    assert learning_rate(50, 512, config) == pytest.approx(5e-4)
+    assert learning_rate(100, 512, config) == pytest.approx(1e-3)
+    assert learning_rate(400, 512, config) == pytest.approx(5e-4)
+
+
+def test_label_smoothed_loss_by_hand():
+    logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0]], [[0.1, 0.2, 0.3, 0.4]]])  # (2, 1, V=4)
+    target = torch.tensor([[1], [0]])  # second is padding (PAD_ID = 0)
+    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    x = [2.0, 0.5, -1.0, 0.0]
+    logp = [v - math.log(sum(math.exp(u) for u in x)) for v in x]
+    expected_nll = -logp[1]
+    expected = 0.9 * expected_nll + 0.1 * -sum(logp) / 4
+    assert nll.item() == pytest.approx(expected_nll, rel=1e-6)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # Matches PyTorch's own definition of label smoothing (Szegedy et al.).
+    torch_loss = F.cross_entropy(logits[0], target[0], label_smoothing=0.1)
+    assert loss.item() == pytest.approx(torch_loss.item(), rel=1e-6)
+
+
+# ---------------------------------------------------------------------------- training runs
+
+LEARNER = TINY.replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.0)
+LEARNER_RECIPE = {"lr_schedule": "inverse-sqrt", "lr": 3e-3, "warmup": 50, "max_tokens": 400}
+
+
+def test_training_lowers_validation_loss(tmp_path):
+    data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
+    run_training(data, tmp_path / "ck", LEARNER, max_updates=150, validate_interval_updates=50, **LEARNER_RECIPE).run()
+    records = [json.loads(line) for line in (tmp_path / "ck/train_log.jsonl").read_text().splitlines()]
+    valid = [r["nll"] for r in records if r["kind"] == "valid"]
+    assert len(valid) >= 3 and valid[-1] < 1.0 < valid[0] - 1.0
+    train = [r for r in records if r["kind"] == "train"]
+    assert train and all(r["tokens_per_s"] > 0 and r["lr"] > 0 for r in train)
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    model = TINY.replace(dropout=0.1, attention_dropout=0.1)
+    run_training(data, tmp_path / "straight", model, max_updates=40, update_freq=2).run()
+    # 7 updates, then 23 more (crossing epoch boundaries), then the rest.
+    for stop in (7, 30, 40):
+        run_training(data, tmp_path / "resumed", model, max_updates=stop, update_freq=2).run()
+    assert ckpt.load(tmp_path / "resumed/checkpoint_last.pt")["progress"]["updates"] == 40
+    a, b = params(tmp_path / "straight"), params(tmp_path / "resumed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    opt_a = ckpt.load(tmp_path / "straight/checkpoint_last.pt")["optimizer"]["state"]
+    opt_b = ckpt.load(tmp_path / "resumed/checkpoint_last.pt")["optimizer"]["state"]
+    assert all(torch.equal(opt_a[k]["exp_avg_sq"], opt_b[k]["exp_avg_sq"]) for k in opt_a)
+
+
+def test_resume_with_different_seed_differs(tmp_path):
+    # The equality above is not vacuous: another seed gives other parameters.
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "a", max_updates=5).run()
+    run_training(data, tmp_path / "b", max_updates=5, seed=2).run()
+    a, b = params(tmp_path / "a"), params(tmp_path / "b")
+    assert not all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_max_updates_is_absolute(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "ck", max_updates=5).run()
+    progress = run_training(data, tmp_path / "ck", max_updates=5).run()
+    assert progress.updates == 5
+
+
+def test_mismatched_save_dir_is_refused(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "ck", max_updates=2).run()
+    with pytest.raises(NmtError, match=r"model config differs \(d_model: 32 in the checkpoint, 48 now\)"):
+        run_training(data, tmp_path / "ck", TINY.replace(d_model=48), max_updates=4)
+    other = synthetic_data_dir(tmp_path / "other", task="copy", n_train=50, min_len=1, max_len=2)
+    vocab = (other / "dict.src.txt").read_text()
+    assert vocab != (data / "dict.src.txt").read_text()
+    with pytest.raises(NmtError, match="vocabulary differs"):
+        run_training(other, tmp_path / "ck", max_updates=4)
+    # --reset starts over; --init-from fine-tunes from the weights.
+    assert TrainingRun(data, tmp_path / "ck", TINY.replace(d_model=48), TrainConfig(max_updates=1, max_tokens=200),
+                       reset=True, progress_bar=False).run().updates == 1
+    fine = TrainingRun(data, tmp_path / "ft", TINY, TrainConfig(max_updates=1, max_tokens=200),
+                       init_from=tmp_path / "ck/checkpoint_2.pt", progress_bar=False)
+    assert torch.equal(fine.model.tgt_embed.tokens.weight, params(tmp_path / "ck", "checkpoint_2.pt")[
+        "tgt_embed.tokens.weight"])
+
+
+def test_crash_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "ck", max_updates=3).run()
+    before = params(tmp_path / "ck")
+
+    def broken_save(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="No space left"):
+        run_training(data, tmp_path / "ck", max_updates=6).run()
+    monkeypatch.undo()
+    after = params(tmp_path / "ck")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not [p for p in (tmp_path / "ck").iterdir() if p.name.startswith(".")]
+
+
+def test_keep_last_prunes_numbered_checkpoints(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "ck", max_updates=12, save_interval_updates=2, keep_last=3).run()
+    assert [n for n, _ in ckpt.numbered(tmp_path / "ck")] == [8, 10, 12]
+    assert (tmp_path / "ck/checkpoint_best.pt").exists()
+
+
+def test_cli_train_and_usage_errors(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(main, ["train", str(data), "--save-dir", str(tmp_path / "ck"), "--arch", "small",
+                                  "--d-model", "32", "--heads", "2", "--d-ff", "32", "--encoder-layers", "1",
+                                  "--decoder-layers", "1", "--max-updates", "2", "--max-tokens", "200", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert ckpt.load(tmp_path / "ck/checkpoint_last.pt")["train_config"]["max_tokens"] == 200
+    result = runner.invoke(main, ["train", str(data), "--save-dir", str(tmp_path / "x"), "--max-tokens", "0"])
+    assert result.exit_code == 2 and "--max-tokens" in result.output
+    result = runner.invoke(main, ["train", str(data), "--save-dir", str(tmp_path / "x"), "--max-tokens", "5",
+                                  "--arch", "small"])
+    assert result.exit_code == 1 and "more than max_tokens=5" in result.output
+
+
+def cli_train(data, save_dir, *extra):
+    return ["-m", "nmt_cli", "train", str(data), "--save-dir", str(save_dir), "--arch", "small", "--d-model", "32",
+            "--heads", "2", "--d-ff", "64", "--encoder-layers", "1", "--decoder-layers", "1", "--dropout", "0",
+            "--max-tokens", "200", "--max-updates", "10", "--warmup", "5", "--device", "cpu", "--quiet", *extra]
+
+
+def test_two_processes_equal_one_with_update_freq_2(tmp_path):
+    import subprocess
+    import sys
+
+    data = synthetic_data_dir(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    subprocess.run(torchrun + cli_train(data, tmp_path / "two"), check=True, env=env, timeout=300)
+    subprocess.run([sys.executable] + cli_train(data, tmp_path / "one", "--update-freq", "2"), check=True, env=env,
+                   timeout=300)
+    two, one = ckpt.load(tmp_path / "two/checkpoint_last.pt"), ckpt.load(tmp_path / "one/checkpoint_last.pt")
+    assert two["progress"]["updates"] == one["progress"]["updates"] == 10
+    assert two["batching"]["world"] == 2 and len(two["rng"]) == 2
+    initial = TrainingRun(data, tmp_path / "fresh", TINY.replace(d_ff=64, heads=2, dropout=0.0),
+                          TrainConfig(max_tokens=200), progress_bar=False).model.state_dict()
+    for key in one["model"]:
+        torch.testing.assert_close(two["model"][key], one["model"][key], rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(one["model"][k], initial[k]) for k in initial)
