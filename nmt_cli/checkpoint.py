@@ -130,3 +130,50 @@ def prune(save_dir: Path, keep_last: int) -> None:
     """Remove numbered checkpoints beyond the newest `keep_last`."""
     for _, path in numbered(save_dir)[:-keep_last] if keep_last > 0 else []:
         path.unlink(missing_ok=True)
+
+
+def average(paths: list[Path]) -> dict[str, Any]:
+    """Parameter average of checkpoints of one model (§6.1), in fp32, without optimizer state.
+
+    Floating-point tensors are averaged; integer tensors must be equal. The result keeps the first
+    checkpoint's description (config, vocabularies, BPE codes, tokenizer) and lists its inputs.
+    """
+    if not paths:
+        raise NmtError("no checkpoints to average")
+    first = load(paths[0])
+    keys = ("model_config", "text_config", "bpe_codes", "src_vocab", "tgt_vocab", "shared_vocab")
+    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
+    updates = [first.get("progress", {}).get("updates")]
+    for path in paths[1:]:
+        other = load(path)
+        for key in keys:
+            if other[key] != first[key]:
+                detail = _first_difference(first[key], other[key]) if isinstance(first[key], dict) else key
+                raise NmtError(f"{paths[0]} and {path} differ in {detail}: they are not the same model")
+        for name, tensor in other["model"].items():
+            if tensor.is_floating_point():
+                total[name] += tensor.double()
+            elif not torch.equal(tensor, total[name]):
+                raise NmtError(f"{paths[0]} and {path}: integer tensor {name} differs")
+        updates.append(other.get("progress", {}).get("updates"))
+    averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+                for k, v in total.items()}
+    result = {key: first[key] for key in ("format_version", "nmt_cli_version", *keys)}
+    result["model"] = averaged
+    result["averaged_from"] = [{"path": str(p), "updates": u} for p, u in zip(paths, updates)]
+    return result
+
+
+def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            return f"{key} ({a.get(key)} vs {b.get(key)})"
+    return "nothing"
+
+
+def last_checkpoints(save_dir: Path, n: int) -> list[Path]:
+    """The `n` numbered checkpoints of `save_dir` with the highest update numbers."""
+    found = numbered(save_dir)
+    if len(found) < n:
+        raise NmtError(f"{save_dir}: {len(found)} numbered checkpoint(s) found, fewer than --last {n}")
+    return [path for _, path in found[-n:]]

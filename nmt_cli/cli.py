@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -63,16 +63,6 @@ def build_model_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
         raise click.UsageError(str(e)) from None
 
 
-def not_yet(name: str) -> Callable:
-    """A subcommand whose issue is not built yet: says so and exits non-zero."""
-
-    @functools.wraps(lambda: None)
-    def command() -> None:
-        raise click.ClickException(f"`nmt {name}` is not available yet in nmt-cli {__version__}.")
-
-    return command
-
-
 class Group(click.Group):
     """Turns the library's user errors into one-line click errors (exit code 1, no traceback)."""
 
@@ -122,14 +112,6 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
     if row:
         table.add_row("paper (Table 3)", f"{row.name}: {row.params_m:g}M")
     Console().print(table)
-
-
-for _name, _help in [
-    ("average-checkpoints", "Average the parameters of the last N checkpoints (§6.1)."),
-    ("translate", "Translate raw text with batched beam search and length penalty."),
-    ("score", "Corpus BLEU (and chrF/TER) through sacreBLEU, with its signature."),
-]:
-    main.command(_name, help=_help + " [not available yet]", short_help=_help)(not_yet(_name))
 
 
 @main.command()
@@ -225,3 +207,98 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     TrainingRun(data_dir, save_dir, model_config, config, reset, init_from, progress_bar=not quiet).run()
+
+
+@main.command("average-checkpoints")
+@click.option("--inputs", multiple=True, type=click.Path(path_type=Path), help="Checkpoints to average (repeatable).")
+@click.option("--dir", "save_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Average the newest numbered checkpoints of this save directory.")
+@click.option("--last", type=click.IntRange(min=1), default=5, show_default=True,
+              help="How many, with --dir (the paper: 5 for base, 20 for big).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output file.")
+def average_checkpoints(inputs: tuple[Path, ...], save_dir: Path | None, last: int, output: Path) -> None:
+    """Average the parameters of the last N checkpoints (§6.1)."""
+    from nmt_cli.checkpoint import average, last_checkpoints, save
+
+    if bool(inputs) == bool(save_dir):
+        raise click.UsageError("give either --inputs A.pt B.pt ... or --dir SAVE_DIR [--last N]")
+    paths = list(inputs) if inputs else last_checkpoints(save_dir, last)
+    save(average(paths), output)
+    click.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}", err=True)
+
+
+@main.command()
+@click.option("-m", "--model", "models", multiple=True, required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Checkpoint; repeat for an ensemble (probabilities averaged each step).")
+@click.option("-i", "--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Input file, one sentence per line [default: stdin].")
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Output file, written when complete [default: stdout].")
+@click.option("--beam", type=click.IntRange(min=1), default=4, show_default=True, help="Beam size (1: greedy).")
+@click.option("--lenpen", type=click.FloatRange(min=0.0), default=0.6, show_default=True,
+              help="Length penalty alpha: score / ((5 + |Y|) / 6)^alpha.")
+@click.option("--max-len-a", type=click.FloatRange(min=0.0), default=1.0, show_default=True,
+              help="Max output length = a * input length + b.")
+@click.option("--max-len-b", type=click.IntRange(min=0), default=50, show_default=True, help="See --max-len-a.")
+@click.option("--nbest", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Hypotheses per sentence (in --format jsonl).")
+@click.option("--allow-unk", is_flag=True, help="Let the search emit <unk>.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=8000, show_default=True,
+              help="Source tokens per batch.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Sentences per batch at most.")
+@click.option("--input-format", type=click.Choice(["raw", "bpe"]), default="raw", show_default=True,
+              help="raw: tokenize and apply BPE; bpe: the input is already BPE tokens.")
+@click.option("--output-format", type=click.Choice(["text", "tokens", "bpe"]), default="text", show_default=True,
+              help="text: detokenized; tokens: BPE removed; bpe: as produced.")
+@click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
+              help="jsonl: one JSON object per line with scores and n-best.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for PyTorch.")
+def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, beam: int, lenpen: float,
+              max_len_a: float, max_len_b: int, nbest: int, allow_unk: bool, max_tokens: int, batch_size: int | None,
+              input_format: str, output_format: str, fmt: str, device: str, precision: str,
+              threads: int | None) -> None:
+    """Translate raw text with batched beam search and length penalty."""
+    from nmt_cli.search import SearchConfig
+    from nmt_cli.translate import TranslateOptions, translate_file
+
+    if nbest > beam:
+        raise click.BadParameter(f"--nbest {nbest} is larger than --beam {beam}", param_hint="--nbest")
+    search = SearchConfig(beam, lenpen, max_len_a, max_len_b, nbest, allow_unk)
+    options = TranslateOptions(search, max_tokens, batch_size, input_format, output_format, fmt)
+    translate_file(list(models), input_path, output_path, options, device, precision, threads)
+
+
+@main.command()
+@click.option("-r", "--ref", "refs", multiple=True, required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Reference file (repeatable).")
+@click.option("-i", "--hyp", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Detokenized hypotheses [default: stdin].")
+@click.option("-m", "--metrics", multiple=True, type=click.Choice(["bleu", "chrf", "ter"]), default=["bleu"],
+              show_default=True, help="Metrics (repeatable).")
+@click.option("--tokenize", default=None, help="sacreBLEU tokenizer: 13a (default), intl, zh, ja-mecab, none, ...")
+@click.option("--lowercase", is_flag=True, help="Case-insensitive scores.")
+@click.option("--paper-bleu", "paper_lang", metavar="LANG", default=None,
+              help="Also the paper's tokenized, compound-split BLEU (Moses tokenizer for LANG, e.g. de).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per metric.")
+def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], tokenize: str | None, lowercase: bool,
+          paper_lang: str | None, as_json: bool) -> None:
+    """Corpus BLEU (and chrF/TER) through sacreBLEU, with its signature."""
+    from nmt_cli.score import check_lengths, corpus_scores, paper_bleu
+    from nmt_cli.text import decode_lines
+
+    hyp_name = str(hyp) if hyp else "<stdin>"
+    with open(hyp, "rb") if hyp else sys.stdin.buffer as stream:
+        hypotheses = list(decode_lines(stream, hyp_name))
+    references = []
+    for ref in refs:
+        with open(ref, "rb") as stream:
+            references.append(list(decode_lines(stream, str(ref))))
+    check_lengths(hypotheses, hyp_name, references, [str(r) for r in refs])
+    results = corpus_scores(hypotheses, references, metrics, tokenize, lowercase)
+    if paper_lang:
+        results.append(paper_bleu(hypotheses, references, paper_lang))
+    for result in results:
+        click.echo(json.dumps(result.to_dict()) if as_json else result.text)

@@ -187,13 +187,18 @@ class TrainConfig:
     max_epochs: int | None = _knob(None, "Stop after this many epochs in total.", min=1)
     max_time: float | None = _knob(None, "Stop after this many minutes of training in total.", min=0.0,
                                    exclusive_min=True)
-    patience: int | None = _knob(None, "Stop after this many validations without a better perplexity.", min=1)
+    patience: int | None = _knob(None, "Stop after this many validations without a better result.", min=1)
     validate_interval_updates: int = _knob(0, "Validate every N updates too (0: at epoch ends only).", min=0)
     save_interval_updates: int = _knob(0, "Save a checkpoint every N updates (0: off).", min=0)
     save_interval_minutes: float = _knob(10.0, "Save a checkpoint every this many minutes (the paper: 10).",
                                          min=0.0, exclusive_min=True)
     keep_last: int = _knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
     log_interval: int = _knob(50, "Log every N updates.", min=1)
+    eval_bleu: bool = _knob(False, "At each validation, also translate the valid split and report sacreBLEU.")
+    eval_bleu_beam: int = _knob(4, "Beam size for --eval-bleu.", min=1)
+    eval_bleu_lenpen: float = _knob(0.6, "Length penalty for --eval-bleu.", min=0.0)
+    best_checkpoint_metric: str = _knob("ppl", "Select checkpoint_best.pt (and --patience) by validation "
+                                        "perplexity or by BLEU (needs --eval-bleu).", choices=("ppl", "bleu"))
     seed: int = _knob(1, "Seed of initialization, dropout and batch order.", min=0)
     precision: str = _knob("auto", "auto: bf16 autocast on a CUDA GPU that supports it, else fp32.",
                            choices=PRECISIONS)
@@ -203,6 +208,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_knobs(self)
+        if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
+            raise ValueError("best_checkpoint_metric=bleu needs eval_bleu (--eval-bleu)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

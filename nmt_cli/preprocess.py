@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from nmt_cli import NmtError, __version__
 from nmt_cli.data import ArrayWriter, token_dtype
-from nmt_cli.text import TextConfig, TextProcessor, learn_joint_bpe, subword_counts
+from nmt_cli.text import TextConfig, TextProcessor, chunks, decode_lines, learn_joint_bpe, subword_counts
 from nmt_cli.vocab import UNK_ID, Vocabulary
 
 FORMAT_VERSION = 1
@@ -95,14 +95,10 @@ def input_path(prefix: str, lang: str) -> Path:
 
 
 def read_lines(path: Path) -> Iterator[str]:
-    """Lines without their newline; invalid UTF-8 is an error naming the line."""
+    """Lines of a (possibly gzipped) file; invalid UTF-8 is an error naming the line."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                yield raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise NmtError(f"{path}:{number}: invalid UTF-8 (byte {e.start + 1}: {e.reason})") from None
+        yield from decode_lines(f, str(path))
 
 
 def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
@@ -116,17 +112,6 @@ def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
         yield s, t
     if next(tgt_lines, None) is not None:
         raise NmtError(f"{src}:{number + 1}: file ends here, but {tgt} has more lines (line counts differ)")
-
-
-def chunks(items: Iterable[Any], size: int = CHUNK_LINES) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 # ---------------------------------------------------------------------------- workers
@@ -217,7 +202,7 @@ def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work
     lang_s, lang_t = opts.text.source_lang, opts.text.target_lang
     with open(work / f"train.tok.{lang_s}", "w", encoding="utf-8") as fs, \
             open(work / f"train.tok.{lang_t}", "w", encoding="utf-8") as ft:
-        results = parallel_map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path)), opts.workers,
+        results = parallel_map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES), opts.workers,
                                (opts.text, None, None, None))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not opts.progress):
             for s, t in chunk:
@@ -244,7 +229,7 @@ def binarize(pairs: Iterable[Any], encode: Callable, opts: PreprocessOptions, in
     src, tgt = opts.text.source_lang, opts.text.target_lang
     writers = {src: ArrayWriter(Path(f"{prefix}.{src}"), dtype), tgt: ArrayWriter(Path(f"{prefix}.{tgt}"), dtype)}
     try:
-        results = parallel_map(encode, chunks(pairs), opts.workers, initargs)
+        results = parallel_map(encode, chunks(pairs, CHUNK_LINES), opts.workers, initargs)
         for chunk in tqdm(results, desc=desc, unit="kline", disable=not opts.progress):
             for ids in chunk:
                 if not filter_long:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
@@ -110,3 +111,27 @@ def subword_counts(processor: TextProcessor, word_counts: Counter[str]) -> Count
         for subword in processor.segment([word]):
             counts[subword] += count
     return counts
+
+
+def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
+    """Lines of a binary stream without their newline; invalid UTF-8 is an error naming the line.
+
+    Only "\n" ends a line (Unicode line separators inside a sentence stay part of it).
+    """
+    for number, raw in enumerate(stream, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise NmtError(f"{name}:{number}: invalid UTF-8 (byte {e.start + 1}: {e.reason})") from None
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Consecutive lists of `size` items (the last may be shorter)."""
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

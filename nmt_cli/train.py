@@ -81,6 +81,7 @@ class Progress:
     epoch_updates: int = 0
     elapsed_s: float = 0.0
     best_valid_nll: float = math.inf
+    best_valid_bleu: float = -1.0
     bad_validations: int = 0
     nonfinite_skips: int = 0
     oom_skips: int = 0
@@ -347,20 +348,44 @@ class TrainingRun:
         return bool(value.item())
 
     def validate(self) -> bool:
-        """Validate, log, and return whether this is the best perplexity so far."""
+        """Validate, log, and return whether this is the best result so far (by the chosen metric)."""
         if self.valid is None:
             return False
         result = self.trainer.validate(self.valid, self.config.max_tokens, self.pad_multiple)
-        best = result["nll"] < self.progress.best_valid_nll
-        if best:
-            self.progress.best_valid_nll, self.progress.bad_validations = result["nll"], 0
+        if self.config.eval_bleu:
+            result["bleu"] = self.valid_bleu()
+        p = self.progress
+        if self.config.best_checkpoint_metric == "bleu":
+            best = result["bleu"] > p.best_valid_bleu
         else:
-            self.progress.bad_validations += 1
-        self.record({"kind": "valid", "update": self.progress.updates, "epoch": self.progress.epoch,
-                     "elapsed_s": round(self.elapsed(), 1), **result})
-        self.log(f"validation at update {self.progress.updates}: loss {result['loss']:.3f}, "
-                 f"nll {result['nll']:.3f}, ppl {result['ppl']:.2f}" + (" (best)" if best else ""))
+            best = result["nll"] < p.best_valid_nll
+        p.best_valid_nll = min(p.best_valid_nll, result["nll"])
+        p.best_valid_bleu = max(p.best_valid_bleu, result.get("bleu", -1.0))
+        p.bad_validations = 0 if best else p.bad_validations + 1
+        self.record({"kind": "valid", "update": p.updates, "epoch": p.epoch, "elapsed_s": round(self.elapsed(), 1),
+                     **result})
+        bleu = f", BLEU {result['bleu']:.2f}" if "bleu" in result else ""
+        self.log(f"validation at update {p.updates}: loss {result['loss']:.3f}, nll {result['nll']:.3f}, "
+                 f"ppl {result['ppl']:.2f}{bleu}" + (" (best)" if best else ""))
         return best
+
+    def valid_bleu(self) -> float:
+        """sacreBLEU of the valid split translated with beam search; references are the detokenized
+        binarized targets (so an <unk> in a reference counts as a word)."""
+        import sacrebleu
+
+        from nmt_cli.search import SearchConfig
+        from nmt_cli.translate import TranslateOptions, Translator
+
+        self.model.eval()
+        search = SearchConfig(beam=self.config.eval_bleu_beam, lenpen=self.config.eval_bleu_lenpen)
+        bundle = ckpt.ModelBundle(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab)
+        translator = Translator([bundle], TranslateOptions(search, max_tokens=self.config.max_tokens),
+                                self.runtime.device)
+        sources = [self.valid.source[i].tolist() for i in range(len(self.valid))]
+        hypotheses = [translator.detokenize(h[0].tokens) if h else "" for h in translator.translate_ids(sources)]
+        references = [translator.detokenize(self.valid.target[i].tolist()) for i in range(len(self.valid))]
+        return sacrebleu.corpus_bleu(hypotheses, [references]).score
 
     def elapsed(self) -> float:
         return self.progress.elapsed_s + time.monotonic() - self.started
@@ -375,7 +400,7 @@ class TrainingRun:
         if c.max_epochs is not None and p.epoch > c.max_epochs:
             return f"reached --max-epochs {c.max_epochs}"
         if c.patience is not None and p.bad_validations >= c.patience:
-            return f"no better validation perplexity in {c.patience} validations (--patience)"
+            return f"no better validation {c.best_checkpoint_metric} in {c.patience} validations (--patience)"
         return None
 
     def run(self) -> Progress:

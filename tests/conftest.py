@@ -59,3 +59,22 @@ def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, ta
     preprocess(PreprocessOptions(TextConfig("src", "tgt", tokenizer="none"), dest, str(raw / "train"),
                                  str(raw / "valid"), bpe_merges=0, workers=1, progress=False, max_len_ratio=10))
     return dest
+
+
+def tiny_checkpoint(path: Path, seed: int = 0, symbols: str = SYMBOLS, max_positions: int = 64, **overrides) -> Path:
+    """An untrained tiny model over whitespace tokens, saved as a self-describing checkpoint."""
+    import torch
+
+    from nmt_cli import checkpoint as ckpt
+    from nmt_cli.config import PRESETS
+    from nmt_cli.model import Transformer
+    from nmt_cli.text import TextConfig
+    from nmt_cli.vocab import PAD_ID, Vocabulary
+
+    torch.manual_seed(seed)
+    vocab = Vocabulary(list(symbols))
+    config = PRESETS["small"].replace(**{"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "d_ff": 64,
+                                         "heads": 2, "max_positions": max_positions, **overrides})
+    model = Transformer(config, len(vocab), len(vocab), PAD_ID, True)
+    ckpt.save(ckpt.describe(model, TextConfig("src", "tgt", tokenizer="none"), None, vocab, vocab), path)
+    return path

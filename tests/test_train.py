@@ -195,3 +195,16 @@ def test_two_processes_equal_one_with_update_freq_2(tmp_path):
     for key in one["model"]:
         torch.testing.assert_close(two["model"][key], one["model"][key], rtol=1e-5, atol=1e-6)
     assert any(not torch.allclose(one["model"][k], initial[k]) for k in initial)
+
+
+def test_eval_bleu_selects_best_checkpoint_by_bleu(tmp_path):
+    data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
+    run_training(data, tmp_path / "ck", LEARNER, max_updates=150, validate_interval_updates=75, eval_bleu=True,
+                 eval_bleu_beam=2, best_checkpoint_metric="bleu", **LEARNER_RECIPE).run()
+    valid = [json.loads(line) for line in (tmp_path / "ck/train_log.jsonl").read_text().splitlines()
+             if '"valid"' in line]
+    assert all("bleu" in r for r in valid) and valid[-1]["bleu"] > 50 > valid[0]["bleu"]
+    best = ckpt.load(tmp_path / "ck/checkpoint_best.pt")["progress"]
+    assert best["best_valid_bleu"] == max(r["bleu"] for r in valid)
+    with pytest.raises(ValueError, match="needs eval_bleu"):
+        TrainConfig(best_checkpoint_metric="bleu")

@@ -1,0 +1,136 @@
+"""Beam search over the incremental decoder (§6.1: beam 4, length penalty alpha 0.6, max output
+length = input length + 50, early stopping).
+
+Batched: the encoder runs once per batch and its keys/values are expanded to the beams by index;
+sentences leave the batch as soon as they are done. A hypothesis's score is its log-probability
+divided by the GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting the EOS.
+
+A sentence is done when (a) `beam` hypotheses have finished (an EOS among the top `beam`
+candidates of a step), or (b) `nbest` have finished and no live hypothesis can still beat the
+nbest-th (its log-probability can only fall, and lp is largest at the maximum length), or (c)
+the maximum length is reached. With beam 1 this is greedy decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt_cli.model import DecoderState, Transformer
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    beam: int = 4
+    lenpen: float = 0.6
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    nbest: int = 1
+    allow_unk: bool = False
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS and EOS
+    score: float  # log-probability / length penalty
+    log_prob: float
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ((5 + |Y|) / 6)^alpha (Wu et al., 2016)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -> Tensor:
+    """Most output tokens (EOS excluded) per sentence: a * source tokens + b, within the model's positions."""
+    return (config.max_len_a * src_lengths + config.max_len_b).long().clamp(1, max_positions - 1)
+
+
+class Ensemble:
+    """One or more models decoding together; their probabilities are averaged (in log space) each step."""
+
+    def __init__(self, models: Sequence[Transformer]) -> None:
+        self.models = list(models)
+        self.max_positions = min(m.config.max_positions for m in self.models)
+
+    def start(self, src: Tensor) -> list[DecoderState]:
+        return [model.init_state(*model.encode(src)) for model in self.models]
+
+    def log_probs(self, tokens: Tensor, states: list[DecoderState]) -> Tensor:
+        lprobs = [torch.log_softmax(m.decode_step(tokens, s).float(), dim=-1) for m, s in zip(self.models, states)]
+        if len(lprobs) == 1:
+            return lprobs[0]
+        return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+
+
+@torch.inference_mode()
+def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first."""
+    batch, beam, device = src.size(0), config.beam, src.device
+    src_lengths = (src != PAD_ID).sum(1) - 1  # without EOS
+    limit = max_lengths(src_lengths, config, models.max_positions).tolist()
+    states = models.start(src)
+    expand = torch.arange(batch, device=device).repeat_interleave(beam)
+    for state in states:
+        state.reorder(expand)
+    active = list(range(batch))  # sentence ids of the rows still decoding, in row order
+    scores = torch.zeros(batch, beam, device=device)
+    scores[:, 1:] = -math.inf  # all beams start identical: expand the first only
+    history = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+
+    for step in range(max(limit) + 1):
+        lprobs = models.log_probs(history[:, -1], states)
+        vocab = lprobs.size(-1)
+        lprobs[:, banned] = -math.inf
+        at_limit = torch.tensor([limit[s] == step for s in active], device=device).repeat_interleave(beam)
+        lprobs[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS_ID, lprobs[at_limit], -math.inf)
+        n = len(active)
+        candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, -1)
+        top_scores, top = candidates.topk(min(2 * beam, beam * vocab), dim=1)
+        top_beam, top_token = top // vocab, top % vocab
+        is_eos = top_token == EOS_ID
+
+        # Finished hypotheses: EOS among the top `beam` candidates.
+        eos_rows, eos_cols = torch.nonzero(is_eos[:, :beam] & top_scores[:, :beam].isfinite(), as_tuple=True)
+        if len(eos_rows):
+            rows = (eos_rows * beam + top_beam[eos_rows, eos_cols]).tolist()
+            log_probs = top_scores[eos_rows, eos_cols].tolist()
+            penalty = length_penalty(step + 1, config.lenpen)
+            for r, row, lp in zip(eos_rows.tolist(), rows, log_probs):
+                finished[active[r]].append(Hypothesis(history[row, 1:].tolist(), lp / penalty, lp))
+
+        # The `beam` best continuations that are not EOS.
+        live = top_scores.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
+        scores = live.values
+        origin = (torch.arange(n, device=device).unsqueeze(1) * beam + top_beam.gather(1, live.indices)).view(-1)
+        history = torch.cat([history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
+
+        keep = [r for r, s in enumerate(active) if not _done(finished[s], scores[r], step, limit[s], config)]
+        if not keep:
+            break
+        if len(keep) < n:
+            index = torch.tensor(keep, device=device)
+            scores, active = scores[index], [active[r] for r in keep]
+            origin = origin.view(n, beam)[index].view(-1)
+            history = history.view(n, beam, -1)[index].view(len(keep) * beam, -1)
+        for state in states:
+            state.reorder(origin)
+
+    return [sorted(hyps, key=lambda h: -h.score)[: config.nbest] for hyps in finished]
+
+
+def _done(finished: list[Hypothesis], live_scores: Tensor, step: int, limit: int, config: SearchConfig) -> bool:
+    if step >= limit or len(finished) >= config.beam:
+        return True
+    if len(finished) < config.nbest:
+        return False
+    nth_best = sorted(h.score for h in finished)[-config.nbest]
+    best_possible = live_scores.max().item() / length_penalty(limit + 1, config.lenpen)
+    return best_possible <= nth_best

@@ -1,0 +1,161 @@
+"""`nmt translate`: raw text in, raw text out, one output line per input line, in input order.
+
+Input is read in chunks (memory does not grow with the file); within a chunk sentences are sorted
+by length and batched by tokens, translated with `search.beam_search`, and written back in input
+order. An empty line gives an empty line. A line longer than the model's positions is truncated
+with a warning naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from nmt_cli import NmtError
+from nmt_cli.checkpoint import ModelBundle, load_bundle
+from nmt_cli.data import pad
+from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search
+from nmt_cli.text import TextProcessor, chunks, decode_lines
+from nmt_cli.vocab import EOS_ID
+
+CHUNK_LINES = 4096
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    search: SearchConfig = SearchConfig()
+    max_tokens: int = 8000
+    batch_size: int | None = None
+    input_format: str = "raw"  # raw | bpe
+    output_format: str = "text"  # text | bpe | tokens
+    format: str = "text"  # text | jsonl
+
+
+class Translator:
+    """A model (or ensemble) with its text pipeline, translating lists of lines."""
+
+    def __init__(self, bundles: list[ModelBundle], options: TranslateOptions, device: torch.device,
+                 dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None) -> None:
+        first = bundles[0]
+        for other in bundles[1:]:
+            if other.tgt_vocab != first.tgt_vocab or other.src_vocab != first.src_vocab:
+                raise NmtError("ensemble members must share their vocabularies")
+        self.options, self.device, self.dtype = options, device, dtype
+        self.bundle = first
+        self.models = Ensemble([b.model.to(device=device, dtype=dtype) for b in bundles])
+        codes = first.bpe_codes if options.input_format == "raw" else None
+        self.source = TextProcessor(first.text, first.text.source_lang, codes)
+        self.target = TextProcessor(first.text, first.text.target_lang)
+        self.warn = warn or (lambda message: print(message, file=sys.stderr))
+
+    def encode(self, line: str, number: int) -> list[int]:
+        tokens = self.source.encode(line) if self.options.input_format == "raw" else line.split()
+        ids = self.bundle.src_vocab.encode(tokens)
+        limit = self.models.max_positions - 1  # room for EOS
+        if len(ids) > limit:
+            self.warn(f"warning: line {number}: {len(ids)} tokens, more than the model's {limit}; "
+                      f"translating the first {limit}")
+            ids = ids[:limit]
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        tokens = self.bundle.tgt_vocab.decode(ids)
+        if self.options.output_format == "text":
+            return self.target.decode(tokens)
+        if self.options.output_format == "tokens":
+            return " ".join(tokens).replace("@@ ", "").removesuffix("@@")
+        return " ".join(tokens)
+
+    def translate_ids(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """Beam search over non-empty sources, batched by length; results in input order."""
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
+        for batch in self.batches(order, sources):
+            src = pad([np.array(sources[i] + [EOS_ID]) for i in batch]).to(self.device)
+            for i, hyps in zip(batch, beam_search(self.models, src, self.options.search)):
+                results[i] = hyps
+        return results
+
+    def batches(self, order: list[int], sources: list[list[int]]) -> Iterator[list[int]]:
+        """Consecutive runs of the length-sorted order within max_tokens (x beam) and batch_size."""
+        batch: list[int] = []
+        for i in order:
+            width = len(sources[i]) + 1
+            too_many = self.options.batch_size is not None and len(batch) >= self.options.batch_size
+            if batch and (too_many or (len(batch) + 1) * width > self.options.max_tokens):
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    def translate_lines(self, lines: list[str], first_number: int = 1) -> list[str]:
+        """Output lines (text or JSON) for `lines`, numbered from `first_number` in warnings."""
+        sources = [self.encode(line, first_number + k) if line.strip() else [] for k, line in enumerate(lines)]
+        outputs = []
+        for k, hyps in enumerate(self.translate_ids(sources)):
+            if self.options.format == "jsonl":
+                outputs.append(json.dumps(self.record(first_number + k, hyps), ensure_ascii=False))
+            else:
+                outputs.append(self.detokenize(hyps[0].tokens) if hyps else "")
+        return outputs
+
+    def record(self, number: int, hyps: list[Hypothesis]) -> dict[str, Any]:
+        nbest = [{"text": self.detokenize(h.tokens), "tokens": self.bundle.tgt_vocab.decode(h.tokens),
+                  "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)} for h in hyps]
+        return {"line": number, "translation": nbest[0]["text"] if nbest else "", "nbest": nbest}
+
+
+def translate_stream(translator: Translator, source: IO[bytes], source_name: str, write: Callable[[str], None],
+                     progress: bool = False) -> int:
+    """Translate every line of `source` and `write` each output line; returns the line count."""
+    from tqdm import tqdm
+
+    count = 0
+    with tqdm(unit="line", disable=not progress, file=sys.stderr) as bar:
+        for chunk in chunks(decode_lines(source, source_name), CHUNK_LINES):
+            for line in translator.translate_lines(chunk, count + 1):
+                write(line + "\n")
+            count += len(chunk)
+            bar.update(len(chunk))
+    return count
+
+
+def translate_file(checkpoints: list[Path], input_path: Path | None, output_path: Path | None,
+                   options: TranslateOptions, device: str = "auto", precision: str = "fp32",
+                   threads: int | None = None) -> int:
+    """The `nmt translate` command: files or stdin/stdout; the output file appears only when complete."""
+    if threads:
+        torch.set_num_threads(threads)
+    cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise NmtError("--device cuda: no CUDA device is available")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if dtype != torch.float32 and not cuda:
+        raise NmtError(f"--precision {precision} needs a CUDA device")
+    bundles = [load_bundle(path) for path in checkpoints]
+    translator = Translator(bundles, options, torch.device("cuda" if cuda else "cpu"), dtype)
+    source = open(input_path, "rb") if input_path else sys.stdin.buffer
+    name = str(input_path) if input_path else "<stdin>"
+    try:
+        if output_path is None:
+            return translate_stream(translator, source, name, sys.stdout.write)
+        tmp = output_path.with_name(f".{output_path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "w", encoding="utf-8") as out:
+                count = translate_stream(translator, source, name, out.write, progress=input_path is not None)
+            os.replace(tmp, output_path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return count
+    finally:
+        if input_path:
+            source.close()

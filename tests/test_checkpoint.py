@@ -1,0 +1,114 @@
+"""Checkpoints: safe loading, bad files, averaging."""
+
+import pickle
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import tiny_checkpoint
+
+from nmt_cli import NmtError
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.cli import main
+
+
+def test_round_trip_rebuilds_the_model(tmp_path):
+    path = tiny_checkpoint(tmp_path / "a.pt")
+    bundle = ckpt.load_bundle(path)
+    saved = ckpt.load(path)["model"]
+    assert all(torch.equal(v, saved[k]) for k, v in bundle.model.state_dict().items())
+    assert bundle.text.tokenizer == "none" and len(bundle.src_vocab) == 20
+
+
+class Boom:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    with open(tmp_path / "evil.pt", "wb") as f:
+        torch.save({"format_version": 1, "payload": Boom(str(marker))}, f)
+    with pytest.raises(NmtError, match="refused to load"):
+        ckpt.load(tmp_path / "evil.pt")
+    assert not marker.exists()
+    # The same object really runs code when unpickled without weights_only (the test can fail).
+    with open(tmp_path / "evil.pt", "rb") as f:
+        torch.load(f, weights_only=False)
+    assert marker.exists()
+
+
+def test_plain_pickle_is_refused(tmp_path):
+    (tmp_path / "p.pt").write_bytes(pickle.dumps({"format_version": 1}))
+    with pytest.raises(NmtError, match="p.pt"):
+        ckpt.load(tmp_path / "p.pt")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "random"])
+def test_damaged_checkpoint_is_a_clear_error(tmp_path, damage):
+    path = tiny_checkpoint(tmp_path / "a.pt")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncate" else bytes(range(256)) * 40)
+    with pytest.raises(NmtError, match=r"a.pt: (unreadable or truncated|refused)"):
+        ckpt.load(path)
+
+
+def test_other_format_version_is_refused(tmp_path):
+    path = tiny_checkpoint(tmp_path / "a.pt")
+    checkpoint = ckpt.load(path)
+    checkpoint["format_version"] = 99
+    ckpt.save(checkpoint, path)
+    with pytest.raises(NmtError, match="format version 99"):
+        ckpt.load(path)
+
+
+def test_average_is_the_exact_mean(tmp_path):
+    a, b = tiny_checkpoint(tmp_path / "a.pt", seed=1), tiny_checkpoint(tmp_path / "b.pt", seed=2)
+    averaged = ckpt.average([a, b])
+    ma, mb = ckpt.load(a)["model"], ckpt.load(b)["model"]
+    for key, value in averaged["model"].items():
+        assert value.dtype == ma[key].dtype
+        assert torch.equal(value, ((ma[key].double() + mb[key].double()) / 2).float())
+    assert [e["path"] for e in averaged["averaged_from"]] == [str(a), str(b)]
+    assert "optimizer" not in averaged and averaged["src_vocab"] == ckpt.load(a)["src_vocab"]
+    ckpt.save(averaged, tmp_path / "avg.pt")
+    ckpt.load_bundle(tmp_path / "avg.pt")  # usable for translation
+
+
+def test_average_refuses_other_architectures(tmp_path):
+    a = tiny_checkpoint(tmp_path / "a.pt")
+    b = tiny_checkpoint(tmp_path / "b.pt", d_ff=128)
+    with pytest.raises(NmtError, match=r"a.pt and .*b.pt differ in d_ff \(64 vs 128\)"):
+        ckpt.average([a, b])
+    c = tiny_checkpoint(tmp_path / "c.pt", symbols="abcdefghijklmnoq")
+    with pytest.raises(NmtError, match="differ in src_vocab"):
+        ckpt.average([a, c])
+
+
+def test_last_n_by_update_number_not_file_time(tmp_path):
+    import os
+
+    for n in (100, 20, 300, 4):
+        tiny_checkpoint(tmp_path / f"checkpoint_{n}.pt")
+    os.utime(tmp_path / "checkpoint_4.pt", (4e9, 4e9))  # newest file, oldest update
+    assert [p.name for p in ckpt.last_checkpoints(tmp_path, 2)] == ["checkpoint_100.pt", "checkpoint_300.pt"]
+    with pytest.raises(NmtError, match="4 numbered checkpoint.*fewer than --last 5"):
+        ckpt.last_checkpoints(tmp_path, 5)
+
+
+def test_average_checkpoints_cli(tmp_path):
+    for n in (1, 2, 3):
+        tiny_checkpoint(tmp_path / f"checkpoint_{n}.pt", seed=n)
+    result = CliRunner().invoke(main, ["average-checkpoints", "--dir", str(tmp_path), "--last", "2",
+                                       "-o", str(tmp_path / "avg.pt")])
+    assert result.exit_code == 0, result.output
+    assert [e["updates"] for e in ckpt.load(tmp_path / "avg.pt")["averaged_from"]] == [None, None]
+    result = CliRunner().invoke(main, ["average-checkpoints", "-o", str(tmp_path / "x.pt")])
+    assert result.exit_code == 2
+    (tmp_path / "bad.pt").write_bytes(b"garbage")
+    result = CliRunner().invoke(main, ["average-checkpoints", "--inputs", str(tmp_path / "checkpoint_1.pt"),
+                                       "--inputs", str(tmp_path / "bad.pt"), "-o", str(tmp_path / "y.pt")])
+    assert result.exit_code == 1 and "bad.pt" in result.output and not (tmp_path / "y.pt").exists()

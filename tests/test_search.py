@@ -1,0 +1,138 @@
+"""Beam search: formulas, greedy, exhaustive optimality, batching, ensembles."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from nmt_cli.config import PRESETS
+from nmt_cli.model import Transformer
+from nmt_cli.search import Ensemble, SearchConfig, beam_search, length_penalty, max_lengths
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
+                                max_positions=64)
+
+
+def random_model(vocab: int, seed: int = 0, scale: float = 1.0) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(TINY, vocab, vocab, PAD_ID, True).eval()
+    with torch.no_grad():
+        model.tgt_embed.tokens.weight.mul_(scale)  # sharper distributions
+    return model
+
+
+def sources(rows, vocab):
+    longest = max(len(r) for r in rows) + 1
+    return torch.tensor([r + [EOS_ID] + [PAD_ID] * (longest - len(r) - 1) for r in rows])
+
+
+def test_length_penalty_values():
+    assert length_penalty(1, 0.6) == 1.0
+    assert length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
+
+
+def test_max_length_is_a_times_source_plus_b():
+    config = SearchConfig(max_len_a=1.0, max_len_b=50)
+    assert max_lengths(torch.tensor([3, 10]), config, 1024).tolist() == [53, 60]
+    assert max_lengths(torch.tensor([3]), SearchConfig(max_len_a=2, max_len_b=5), 1024).tolist() == [11]
+    assert max_lengths(torch.tensor([3000]), config, 1024).tolist() == [1023]  # within the positions
+
+
+def greedy(model, src, limit):
+    """Straightforward greedy decoding with the full (uncached) forward pass."""
+    out = [BOS_ID]
+    for _ in range(limit + 1):
+        logits = model(src, torch.tensor([out]))[0, -1]
+        logits[[PAD_ID, BOS_ID, UNK_ID]] = -math.inf
+        if len(out) - 1 == limit:
+            return out[1:]
+        token = int(logits.argmax())
+        if token == EOS_ID:
+            return out[1:]
+        out.append(token)
+    return out[1:]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_1_is_greedy(seed):
+    model = random_model(12, seed, scale=4.0)
+    rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5]]
+    config = SearchConfig(beam=1, lenpen=0.6, max_len_a=0, max_len_b=8)
+    hyps = beam_search(Ensemble([model]), sources(rows, 12), config)
+    for row, h in zip(rows, hyps):
+        assert h[0].tokens == greedy(model, sources([row], 12), 8)
+
+
+def sequence_log_prob(model, src, tokens):
+    tgt_in = torch.tensor([[BOS_ID] + tokens])
+    lprobs = torch.log_softmax(model(src, tgt_in)[0].float(), dim=-1)
+    return sum(lprobs[t, y].item() for t, y in enumerate(tokens + [EOS_ID]))
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_wide_beam_equals_exhaustive_search(lenpen, seed):
+    vocab, limit = 7, 3  # symbols 4, 5, 6 (and EOS); outputs of up to 3 symbols
+    model = random_model(vocab, seed, scale=3.0)
+    src = sources([[4, 5, 6, 5]], vocab)
+    config = SearchConfig(beam=200, lenpen=lenpen, max_len_a=0, max_len_b=limit, nbest=3)
+    found = beam_search(Ensemble([model]), src, config)[0]
+    every = [list(seq) for n in range(limit + 1) for seq in itertools.product([4, 5, 6], repeat=n)]
+    scored = sorted(((sequence_log_prob(model, src, seq) / length_penalty(len(seq) + 1, lenpen), seq)
+                     for seq in every), key=lambda x: -x[0])
+    assert [h.tokens for h in found] == [seq for _, seq in scored[:3]]
+    for h, (score, _) in zip(found, scored):
+        assert h.score == pytest.approx(score, abs=1e-4)
+
+
+def test_narrow_beam_can_miss_the_best_but_scores_are_consistent():
+    model = random_model(9, 5, scale=3.0)
+    src = sources([[4, 5, 6]], 9)
+    h = beam_search(Ensemble([model]), src, SearchConfig(beam=2, max_len_a=0, max_len_b=4))[0][0]
+    assert h.score == pytest.approx(sequence_log_prob(model, src, h.tokens) / length_penalty(len(h.tokens) + 1, 0.6),
+                                    abs=1e-4)
+
+
+def test_batched_equals_one_by_one():
+    model = random_model(15, 1, scale=3.0)
+    rows = [[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [7, 7, 7, 7, 7, 7, 7, 7, 7]]
+    config = SearchConfig(beam=4, max_len_a=1.0, max_len_b=3)
+    batched = beam_search(Ensemble([model]), sources(rows, 15), config)
+    for row, hyps in zip(rows, batched):
+        alone = beam_search(Ensemble([model]), sources([row], 15), config)[0]
+        assert hyps[0].tokens == alone[0].tokens
+        assert hyps[0].score == pytest.approx(alone[0].score, abs=1e-4)
+
+
+def test_ensemble_of_a_model_with_itself_is_the_model():
+    model = random_model(15, 2, scale=3.0)
+    src = sources([[4, 5, 6, 7], [8, 9]], 15)
+    config = SearchConfig(beam=3, nbest=2, max_len_a=1, max_len_b=4)
+    one = beam_search(Ensemble([model]), src, config)
+    two = beam_search(Ensemble([model, model]), src, config)
+    for a, b in zip(one, two):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_ensemble_differs_from_its_members():
+    a, b = random_model(15, 2, scale=3.0), random_model(15, 9, scale=3.0)
+    src = sources([[4, 5, 6, 7]], 15)
+    config = SearchConfig(beam=2, max_len_a=1, max_len_b=4)
+    ensemble = beam_search(Ensemble([a, b]), src, config)[0][0].score
+    assert ensemble != pytest.approx(beam_search(Ensemble([a]), src, config)[0][0].score, abs=1e-4)
+
+
+def test_unknown_token_only_when_allowed():
+    model = random_model(8, 0)
+    project, bias = model.project, torch.zeros(8)
+    bias[UNK_ID] = 20.0  # make <unk> by far the likeliest token
+    model.project = lambda x: project(x) + bias
+    src = sources([[4, 5, 6, 7]], 8)
+    config = SearchConfig(beam=2, max_len_a=0, max_len_b=5)
+    assert UNK_ID not in beam_search(Ensemble([model]), src, config)[0][0].tokens
+    allowed = SearchConfig(beam=2, max_len_a=0, max_len_b=5, allow_unk=True)
+    assert UNK_ID in beam_search(Ensemble([model]), src, allowed)[0][0].tokens

@@ -1,0 +1,118 @@
+"""`nmt translate`: one line out per line in, order kept, long and empty lines, formats, atomic output."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import tiny_checkpoint, write_lines
+
+from nmt_cli.checkpoint import load_bundle
+from nmt_cli.cli import main
+from nmt_cli.search import SearchConfig
+from nmt_cli.translate import TranslateOptions, Translator
+
+LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
+
+
+def translator(path, warnings=None, **options):
+    search = options.pop("search", SearchConfig(beam=3, max_len_a=1, max_len_b=3))
+    return Translator([load_bundle(path)], TranslateOptions(search=search, **options), torch.device("cpu"),
+                      warn=(warnings.append if warnings is not None else None))
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    return tiny_checkpoint(tmp_path / "m.pt", seed=3)
+
+
+def test_batched_equals_one_by_one_and_keeps_order(model_path):
+    batched = translator(model_path).translate_lines(LINES)
+    alone = [translator(model_path).translate_lines([line])[0] for line in LINES]
+    assert batched == alone and len(batched) == len(LINES)
+    assert batched[1] == "" and batched[4] == ""
+    assert len({out for out in batched if out}) >= 3  # outputs depend on the input: the order is checked
+    small_batches = translator(model_path, max_tokens=8, batch_size=2).translate_lines(LINES)
+    assert small_batches == batched
+
+
+def test_line_longer_than_positions_is_truncated_with_a_warning(tmp_path):
+    path = tiny_checkpoint(tmp_path / "short.pt", max_positions=8)
+    warnings = []
+    out = translator(path, warnings).translate_lines(["a b", "a b c d e f g h i j k l", "c"], first_number=10)
+    assert len(out) == 3
+    assert warnings == ["warning: line 11: 12 tokens, more than the model's 7; translating the first 7"]
+
+
+def test_jsonl_nbest_with_scores(model_path):
+    t = translator(model_path, format="jsonl", search=SearchConfig(beam=3, nbest=2, max_len_a=1, max_len_b=3))
+    records = [json.loads(line) for line in t.translate_lines(["a b c", ""])]
+    assert [r["line"] for r in records] == [1, 2]
+    first = records[0]
+    assert len(first["nbest"]) == 2 and first["nbest"][0]["score"] >= first["nbest"][1]["score"]
+    assert first["translation"] == first["nbest"][0]["text"]
+    assert records[1] == {"line": 2, "translation": "", "nbest": []}
+
+
+def run(*args, **kwargs):
+    return CliRunner().invoke(main, ["translate", *map(str, args)], **kwargs)
+
+
+def test_cli_file_to_file(model_path, tmp_path):
+    write_lines(tmp_path / "in.txt", LINES)
+    result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt", "--beam", 2)
+    assert result.exit_code == 0, result.output
+    assert len((tmp_path / "out.txt").read_text().split("\n")) == len(LINES) + 1
+    assert not list(tmp_path.glob(".out.txt*"))
+
+
+def test_cli_stdin_to_stdout_and_ensemble(model_path):
+    one = run("-m", model_path, input="a b c\n\ne f\n")
+    two = run("-m", model_path, "-m", model_path, input="a b c\n\ne f\n")
+    assert one.exit_code == 0 and one.output == two.output and one.output.count("\n") == 3
+
+
+def test_empty_input_gives_empty_output(model_path, tmp_path):
+    (tmp_path / "empty").write_text("")
+    result = run("-m", model_path, "-i", tmp_path / "empty", "-o", tmp_path / "out")
+    assert result.exit_code == 0 and (tmp_path / "out").read_text() == ""
+
+
+def test_failure_midway_leaves_no_output_file(model_path, tmp_path, monkeypatch):
+    import nmt_cli.translate as tr
+
+    write_lines(tmp_path / "in.txt", ["a b"] * 10)
+    monkeypatch.setattr(tr, "CHUNK_LINES", 3)
+    calls = []
+    real = tr.Translator.translate_lines
+
+    def fail_on_second_chunk(self, lines, first_number=1):
+        calls.append(first_number)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, lines, first_number)
+
+    monkeypatch.setattr(tr.Translator, "translate_lines", fail_on_second_chunk)
+    result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
+    assert result.exit_code != 0 and calls == [1, 4]
+    assert not (tmp_path / "out.txt").exists() and not list(tmp_path.glob(".out.txt*"))
+
+
+def test_invalid_utf8_input_names_the_line(model_path, tmp_path):
+    (tmp_path / "in.txt").write_bytes(b"a b\nc \xfe d\n")
+    result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
+    assert result.exit_code == 1 and "in.txt:2: invalid UTF-8" in result.output
+    assert not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.parametrize("args,flag", [(["--beam", "0"], "--beam"), (["--beam", "-1"], "--beam"),
+                                       (["--nbest", "5", "--beam", "2"], "--nbest"), (["--lenpen", "-1"], "--lenpen")])
+def test_options_out_of_range(model_path, args, flag):
+    result = run("-m", model_path, *args, input="a\n")
+    assert result.exit_code == 2 and flag in result.output
+
+
+def test_output_formats(model_path):
+    t = translator(model_path, output_format="bpe")
+    assert t.detokenize([5, 6]) == "b c"
+    assert translator(model_path, input_format="bpe").encode("a b zz", 1) == [4, 5, 3]
