@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +66,30 @@ def save(checkpoint: dict[str, Any], path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise NmtError(f"{path}: cannot write checkpoint ({e.strerror or e}); earlier checkpoints are intact") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete `.NAME.tmp-PID` files or directories left by a killed process that no longer runs."""
+    for path in Path(directory).glob(".*.tmp-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def link(source: Path, target: Path) -> None:
@@ -77,8 +99,6 @@ def link(source: Path, target: Path) -> None:
     try:
         os.link(source, tmp)
     except OSError:
-        import shutil
-
         shutil.copyfile(source, tmp)
     os.replace(tmp, target)
 
@@ -165,7 +185,7 @@ def average(paths: list[Path]) -> dict[str, Any]:
 
 
 def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    for key in sorted(set(a) | set(b)):
+    for key in [*a, *(k for k in b if k not in a)]:  # in the config's own order
         if a.get(key) != b.get(key):
             return f"{key} ({a.get(key)} vs {b.get(key)})"
     return "nothing"

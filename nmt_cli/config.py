@@ -194,6 +194,7 @@ class TrainConfig:
                                          min=0.0, exclusive_min=True)
     keep_last: int = _knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
     log_interval: int = _knob(50, "Log every N updates.", min=1)
+    tensorboard: bool = _knob(False, "Also write TensorBoard events to SAVE_DIR/tensorboard (needs tensorboard).")
     eval_bleu: bool = _knob(False, "At each validation, also translate the valid split and report sacreBLEU.")
     eval_bleu_beam: int = _knob(4, "Beam size for --eval-bleu.", min=1)
     eval_bleu_lenpen: float = _knob(0.6, "Length penalty for --eval-bleu.", min=0.0)

@@ -256,16 +256,21 @@ class Transformer(nn.Module):
         """Pre-softmax linear transformation, tied to the target embedding (§3.4)."""
         return F.linear(x, self.tgt_embed.tokens.weight)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """Logits for every position of a target prefix (teacher forcing), causally masked."""
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Logits for every position of a target prefix (teacher forcing), causally masked.
+
+        With `keep` (a boolean mask like `tgt_in`), only the kept positions are projected to the
+        vocabulary, flattened to (kept, vocab): training skips the padding's largest matmul.
+        """
         x = self.tgt_embed(tgt_in)
         for layer in self.decoder_layers:
             x = layer(x, layer.cross_attn.project_kv(memory), src_mask)
-        return self.project(self.decoder_norm(x))
+        x = self.decoder_norm(x)
+        return self.project(x if keep is None else x[keep])
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
         memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask)
+        return self.decode(tgt_in, memory, src_mask, keep)
 
     def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
         """Project the encoder output to each decoder layer's keys/values once."""

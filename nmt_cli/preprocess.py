@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -27,12 +28,16 @@ from typing import Any
 from tqdm import tqdm
 
 from nmt_cli import NmtError, __version__
+from nmt_cli.checkpoint import remove_stale_temporaries
 from nmt_cli.data import ArrayWriter, token_dtype
 from nmt_cli.text import TextConfig, TextProcessor, chunks, decode_lines, learn_joint_bpe, subword_counts
 from nmt_cli.vocab import UNK_ID, Vocabulary
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 1000
+# A training line with more characters than this times --max-len cannot fit in --max-len tokens in
+# practice; it is dropped as too long without running the tokenizer over it (a 1 MB line, say).
+MAX_CHARS_PER_TOKEN = 100
 
 
 @dataclass
@@ -120,15 +125,25 @@ _worker: dict[str, Any] = {}
 
 
 def _init_worker(text: TextConfig, codes: str | None, src_vocab: list[str] | None,
-                 tgt_vocab: list[str] | None) -> None:
+                 tgt_vocab: list[str] | None, max_chars: int = 0) -> None:
+    _worker["max_chars"] = max_chars
     _worker["src"] = TextProcessor(text, text.source_lang, codes)
     _worker["tgt"] = TextProcessor(text, text.target_lang, codes)
     _worker["src_vocab"] = Vocabulary(src_vocab) if src_vocab is not None else None
     _worker["tgt_vocab"] = Vocabulary(tgt_vocab) if tgt_vocab is not None else None
 
 
-def _tokenize_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[str]]]:
-    return [(_worker["src"].tokenize(s), _worker["tgt"].tokenize(t)) for s, t in pairs]
+def _tokenize_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[str]] | str]:
+    """Words of both sides, or the reason a raw pair is dropped before tokenizing it."""
+    out: list[tuple[list[str], list[str]] | str] = []
+    for s, t in pairs:
+        if "\x00" in s or "\x00" in t:
+            out.append("nul_byte")
+        elif max(len(s), len(t)) > _worker["max_chars"]:
+            out.append("too_long")
+        else:
+            out.append((_worker["src"].tokenize(s), _worker["tgt"].tokenize(t)))
+    return out
 
 
 def _encode_chunk(pairs: list[tuple[list[str], list[str]]]) -> list[tuple[list[int], list[int]]]:
@@ -139,7 +154,9 @@ def _encode_chunk(pairs: list[tuple[list[str], list[str]]]) -> list[tuple[list[i
 
 
 def _tokenize_and_encode_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    return _encode_chunk(_tokenize_chunk(pairs))
+    """Valid/test pairs: never dropped, whatever their length."""
+    src, tgt = _worker["src"], _worker["tgt"]
+    return _encode_chunk([(src.tokenize(s), tgt.tokenize(t)) for s, t in pairs])
 
 
 def parallel_map(fn: Callable, items: Iterable[Any], workers: int, initargs: tuple) -> Iterator[Any]:
@@ -186,6 +203,11 @@ def drop_reason(src: list[str], tgt: list[str], max_len: int, max_ratio: float) 
     return None
 
 
+def show_progress(opts: PreprocessOptions) -> bool:
+    """Progress bars on a terminal only (logs and captured output stay clean)."""
+    return opts.progress and sys.stderr.isatty()
+
+
 def check_training_left(stats: dict[str, SplitStats], inputs: dict[str, tuple[Path, Path]]) -> None:
     """An empty training set after filtering is an error, not a model trained on nothing."""
     train = stats.get("train")
@@ -203,10 +225,14 @@ def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work
     with open(work / f"train.tok.{lang_s}", "w", encoding="utf-8") as fs, \
             open(work / f"train.tok.{lang_t}", "w", encoding="utf-8") as ft:
         results = parallel_map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES), opts.workers,
-                               (opts.text, None, None, None))
-        for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not opts.progress):
-            for s, t in chunk:
+                               (opts.text, None, None, None, MAX_CHARS_PER_TOKEN * opts.max_len))
+        for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
+            for pair in chunk:
                 stats.pairs_in += 1
+                if isinstance(pair, str):
+                    stats.dropped[pair] += 1
+                    continue
+                s, t = pair
                 reason = drop_reason(s, t, opts.max_len, opts.max_len_ratio)
                 if reason:
                     stats.dropped[reason] += 1
@@ -230,7 +256,7 @@ def binarize(pairs: Iterable[Any], encode: Callable, opts: PreprocessOptions, in
     writers = {src: ArrayWriter(Path(f"{prefix}.{src}"), dtype), tgt: ArrayWriter(Path(f"{prefix}.{tgt}"), dtype)}
     try:
         results = parallel_map(encode, chunks(pairs, CHUNK_LINES), opts.workers, initargs)
-        for chunk in tqdm(results, desc=desc, unit="kline", disable=not opts.progress):
+        for chunk in tqdm(results, desc=desc, unit="kline", disable=not show_progress(opts)):
             for ids in chunk:
                 if not filter_long:
                     stats.pairs_in += 1
@@ -260,6 +286,7 @@ def prepare_destdir(destdir: Path, force: bool) -> Path:
     if destdir.exists() and (not destdir.is_dir() or any(destdir.iterdir())) and not force:
         raise NmtError(f"{destdir}: exists and is not empty (use --force to replace it)")
     destdir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(destdir.parent)
     tmp = destdir.parent / f".{destdir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

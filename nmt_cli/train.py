@@ -58,15 +58,16 @@ def learning_rate(step: int, d_model: int, config: TrainConfig) -> float:
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """Sums over non-pad targets of the label-smoothed loss and of the true NLL (§5.4).
+    """Sums of the label-smoothed loss and of the true NLL over the targets (§5.4).
 
+    `logits` (..., V) and `target` (...) hold real tokens only, or padding marked by PAD_ID.
     Smoothing follows Szegedy et al.: the target distribution is (1 - eps) on the reference
     plus eps / V on every class, so loss = (1 - eps) * NLL + eps * mean_v(-log p_v).
     """
     lprobs = F.log_softmax(logits.float(), dim=-1)
-    mask = target != PAD_ID
-    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask]
-    uniform = -lprobs.mean(dim=-1)[mask]
+    real = (target != PAD_ID).to(lprobs.dtype)
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * real
+    uniform = -lprobs.mean(dim=-1) * real
     return ((1 - epsilon) * nll + epsilon * uniform).sum(), nll.sum()
 
 
@@ -104,6 +105,7 @@ def set_up_runtime(config: TrainConfig) -> Runtime:
     """Device, precision and, under torchrun, the process group (NCCL on GPU, gloo on CPU)."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    torch.set_flush_denormal(True)  # tiny Adam moments as denormals make CPU arithmetic far slower
     cuda = torch.cuda.is_available() if config.device == "auto" else config.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise NmtError("--device cuda: no CUDA device is available")
@@ -180,12 +182,13 @@ class Trainer:
             batch = data.collate(indices, pad_multiple).to(self.runtime.device)
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.runtime.world == 1 else self.net.no_sync()
+            keep = batch.tgt_out != PAD_ID
             with sync:
                 with self.autocast():
-                    logits = self.net(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.epsilon)
+                    logits = self.net(batch.src, batch.tgt_in, keep)  # (real target tokens, vocab)
+                loss, nll = label_smoothed_loss(logits, batch.tgt_out[keep], self.epsilon)
                 self.scaler.scale(loss * scale).backward()
-            totals += torch.stack([loss.detach(), nll.detach(), (batch.tgt_out != PAD_ID).sum().float()]).double()
+            totals += torch.stack([loss.detach(), nll.detach(), keep.sum().float()]).double()
         loss_sum = totals[0].item()  # one host-device sync per update
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
@@ -280,6 +283,13 @@ class TrainingRun:
         else:
             torch.manual_seed(config.seed + self.runtime.rank)  # dropout differs per process
         self.resumed = state is not None
+        self.tensorboard = None
+        if config.tensorboard and self.runtime.main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise NmtError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self.tensorboard = SummaryWriter(str(self.save_dir / "tensorboard"))
 
     # -- checks and bookkeeping
 
@@ -316,9 +326,27 @@ class TrainingRun:
             print(f"nmt train: {message}", file=sys.stderr, flush=True)
 
     def record(self, entry: dict[str, Any]) -> None:
-        if self.runtime.main:
-            with open(self.save_dir / "train_log.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
+        """One line of train_log.jsonl (and TensorBoard scalars with --tensorboard)."""
+        if not self.runtime.main:
+            return
+        with open(self.save_dir / "train_log.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+        if self.tensorboard is not None:
+            for key, value in entry.items():
+                if key not in ("kind", "update", "epoch"):
+                    self.tensorboard.add_scalar(f"{entry['kind']}/{key}", value, entry["update"])
+
+    def _truncate_log(self) -> None:
+        """Drop log records newer than the checkpoint we resume from (they will be redone)."""
+        path = self.save_dir / "train_log.jsonl"
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if _update_of(line) <= self.progress.updates]
+        if len(kept) != len(lines):
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, path)
 
     def save(self, best: bool = False) -> None:
         """`checkpoint_N.pt`, then checkpoint_last.pt (and checkpoint_best.pt) as links to it."""
@@ -330,7 +358,8 @@ class TrainingRun:
         if not self.runtime.main:
             return
         checkpoint = ckpt.describe(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab)
-        checkpoint.update(self.trainer.state(), train_config=self.config.to_dict(), progress=asdict(self.progress),
+        progress = {**asdict(self.progress), "elapsed_s": self.elapsed()}
+        checkpoint.update(self.trainer.state(), train_config=self.config.to_dict(), progress=progress,
                           rng=states, batching=self.batching())
         path = self.save_dir / f"checkpoint_{self.progress.updates}.pt"
         ckpt.save(checkpoint, path)
@@ -406,6 +435,9 @@ class TrainingRun:
     def run(self) -> Progress:
         c, p, rt = self.config, self.progress, self.runtime
         self.save_dir.mkdir(parents=True, exist_ok=True)
+        if rt.main:
+            ckpt.remove_stale_temporaries(self.save_dir)
+            self._truncate_log()
         self.started = self.last_save = time.monotonic()
         per_update = rt.world * c.update_freq
         params = sum(t.numel() for t in self.model.parameters())
@@ -414,6 +446,9 @@ class TrainingRun:
                  f"{len(self.train):,} training pairs in {len(self.batches):,} batches; up to "
                  f"{c.max_tokens * per_update:,} tokens per update (max-tokens {c.max_tokens} x {rt.world} "
                  f"x update-freq {c.update_freq})")
+        if c.max_time is not None and p.elapsed_s >= c.max_time * 60:  # the same on every process
+            self.log(f"nothing to do: {p.elapsed_s / 60:.1f} minutes trained already (--max-time {c.max_time:g})")
+            return p
         if (reason := self.done()) is not None:
             self.log(f"nothing to do: {reason}")
             return p
@@ -422,8 +457,9 @@ class TrainingRun:
                     for sig in (signal.SIGINT, signal.SIGTERM)} if rt.main or rt.world > 1 else {}
         bar = self._progress_bar()
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
+        reason = self.done()
         try:
-            while (reason := self.done()) is None:
+            while reason is None:
                 order = shuffled(self.batches, c.seed, p.epoch)
                 full, rest = divmod(len(order), per_update)
                 updates_in_epoch = full + (1 if rest and rt.world == 1 else 0)
@@ -445,12 +481,15 @@ class TrainingRun:
                     best = self.validate()
                     p.epoch, p.epoch_updates = p.epoch + 1, 0
                     self.save(best)
+                    reason = self.done()
             if reason.startswith("interrupted"):
                 raise NmtError(f"{reason}; checkpoint saved at update {p.updates} in {self.save_dir}. "
                                "Run the same command again to resume.")
             self.log(f"done: {reason}; {p.updates} updates, {self.elapsed() / 60:.1f} minutes")
         finally:
             bar.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
         return p
@@ -504,7 +543,7 @@ class TrainingRun:
 
         total = self.config.max_updates
         return tqdm(total=total, initial=self.progress.updates, unit="upd", dynamic_ncols=True,
-                    disable=not (self.runtime.main and self.progress_bar), file=sys.stderr)
+                    disable=not (self.runtime.main and self.progress_bar and sys.stderr.isatty()), file=sys.stderr)
 
     def _log_window(self, window: dict[str, float], lr: float, bar: Any) -> None:
         now = time.monotonic()
@@ -522,3 +561,11 @@ class TrainingRun:
         else:
             bar.set_postfix_str(summary)
         window.update(loss=0.0, nll=0.0, tokens=0.0, start=now)
+
+
+def _update_of(log_line: str) -> float:
+    """The update number of a train_log.jsonl line; a torn line (killed mid-write) counts as newest."""
+    try:
+        return json.loads(log_line)["update"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf

@@ -120,7 +120,7 @@ def translate_stream(translator: Translator, source: IO[bytes], source_name: str
     from tqdm import tqdm
 
     count = 0
-    with tqdm(unit="line", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(unit="line", disable=not (progress and sys.stderr.isatty()), file=sys.stderr) as bar:
         for chunk in chunks(decode_lines(source, source_name), CHUNK_LINES):
             for line in translator.translate_lines(chunk, count + 1):
                 write(line + "\n")

@@ -141,7 +141,7 @@ def test_crash_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(NmtError, match="cannot write checkpoint \\(No space left on device\\); earlier checkpoints"):
         run_training(data, tmp_path / "ck", max_updates=6).run()
     monkeypatch.undo()
     after = params(tmp_path / "ck")
@@ -208,3 +208,67 @@ def test_eval_bleu_selects_best_checkpoint_by_bleu(tmp_path):
     assert best["best_valid_bleu"] == max(r["bleu"] for r in valid)
     with pytest.raises(ValueError, match="needs eval_bleu"):
         TrainConfig(best_checkpoint_metric="bleu")
+
+
+def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
+    data = synthetic_data_dir(tmp_path)
+    run = run_training(data, tmp_path / "ck", max_updates=20)
+    real = run.trainer.net.forward
+    calls = []
+
+    def sometimes_nan(*args):
+        calls.append(1)
+        logits = real(*args)
+        return logits * float("nan") if len(calls) in (3, 4) or len(calls) >= 10 else logits
+
+    monkeypatch.setattr(run.trainer.net, "forward", sometimes_nan)
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    with pytest.raises(NmtError, match="5 non-finite losses in a row"):
+        run.run()
+    assert run.progress.nonfinite_skips == 2 + 5 and run.progress.updates == 9 - 2
+    assert all(torch.isfinite(v).all() for v in run.model.state_dict().values())
+    assert any(not torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+
+
+def test_tensorboard_missing_is_a_clear_error(tmp_path, monkeypatch):
+    import builtins
+
+    data = synthetic_data_dir(tmp_path)
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with pytest.raises(NmtError, match="pip install tensorboard"):
+        run_training(data, tmp_path / "ck", max_updates=1, tensorboard=True)
+
+
+def test_training_time_accumulates_across_resumes(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "ck", max_updates=3).run()
+    first = ckpt.load(tmp_path / "ck/checkpoint_last.pt")["progress"]["elapsed_s"]
+    assert first > 0
+    run = run_training(data, tmp_path / "ck", max_updates=6)
+    assert run.progress.elapsed_s == first
+    run.run()
+    assert ckpt.load(tmp_path / "ck/checkpoint_last.pt")["progress"]["elapsed_s"] > first
+    # --max-time counts the time of earlier runs: a budget already spent stops at once.
+    stopped = run_training(data, tmp_path / "ck", max_updates=100, max_time=first / 60 / 2).run()
+    assert stopped.updates == 6
+
+
+def test_max_time_stops_training_with_a_final_validation_and_checkpoint(tmp_path):
+    import time
+
+    data = synthetic_data_dir(tmp_path)
+    start = time.monotonic()
+    progress = run_training(data, tmp_path / "ck", max_updates=100000, max_time=2 / 60).run()
+    assert time.monotonic() - start < 30
+    records = [json.loads(line) for line in (tmp_path / "ck/train_log.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["kind"] == "valid"]
+    assert valid[-1]["update"] == progress.updates
+    assert sum(r["update"] == progress.updates for r in valid) == 1  # validated once at the end, not every update
+    assert ckpt.load(tmp_path / "ck/checkpoint_last.pt")["progress"]["updates"] == progress.updates

@@ -1,0 +1,61 @@
+"""Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--threads 2]`.
+
+Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
+Translator, timing the translation only (model loading excluded), and prints one JSON line:
+sentences/s, target tokens/s (BPE tokens + EOS, as fairseq counts), peak RSS; with `--ref`, the
+sacreBLEU of the output too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from nmt_cli.checkpoint import load_bundle
+from nmt_cli.search import SearchConfig
+from nmt_cli.translate import TranslateOptions, Translator
+
+SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-m", "--model", type=Path, required=True)
+    parser.add_argument("-i", "--input", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.en")
+    parser.add_argument("--ref", type=Path, default=None)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--lenpen", type=float, default=0.6)
+    parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lines = args.input.read_text(encoding="utf-8").splitlines()
+    options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
+    translator = Translator([load_bundle(args.model)], options, torch.device(args.device))
+    start = time.perf_counter()
+    sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
+    hyps = translator.translate_ids(sources)
+    outputs = [translator.detokenize(h[0].tokens) if h else "" for h in hyps]
+    seconds = time.perf_counter() - start
+    tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
+    result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
+              "threads": torch.get_num_threads(), "seconds": round(seconds, 2),
+              "sentences_per_s": round(len(lines) / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1),
+              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    if args.ref:
+        import sacrebleu
+
+        refs = args.ref.read_text(encoding="utf-8").splitlines()
+        result["bleu"] = round(sacrebleu.corpus_bleu(outputs, [refs]).score, 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Training throughput: `python tests/benchmarks/train_speed.py DATA_DIR [--arch small] [--updates 30]`.
+
+Builds the model on a data directory made by `nmt preprocess` (e.g. Multi30k en-de, 8,000 BPE
+merges), runs `--warmup` updates, then times `--updates` updates of `--max-tokens` per update, and
+prints one JSON line: target tokens/s (non-pad target tokens, as fairseq's `wps`), updates/s,
+tokens per update, peak RSS. CPU threads: `--threads` (default 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from nmt_cli.config import PRESETS, TrainConfig
+from nmt_cli.data import shuffled
+from nmt_cli.train import TrainingRun
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("data_dir", type=Path)
+    parser.add_argument("--arch", default="small")
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--compile", action="store_true")
+    args = parser.parse_args()
+    config = TrainConfig(max_tokens=args.max_tokens, threads=args.threads, device=args.device,
+                         precision=args.precision, compile=args.compile, lr_schedule="inverse-sqrt", lr=1e-3)
+    with tempfile.TemporaryDirectory() as save_dir:
+        run = TrainingRun(args.data_dir, Path(save_dir), PRESETS[args.arch], config, progress_bar=False)
+    batches = shuffled(run.batches, 1, 1)
+    steps = args.warmup + args.updates
+    batches = (batches * (steps // len(batches) + 1))[:steps]
+    sync = torch.cuda.synchronize if run.runtime.device.type == "cuda" else (lambda: None)
+    tokens = 0
+    for step, indices in enumerate(batches, start=1):
+        if step == args.warmup + 1:
+            sync()
+            start, tokens = time.perf_counter(), 0
+        update_tokens = int(run.train.tgt_lengths[indices].sum())
+        stats = run.trainer.update(run.train, [indices], update_tokens, step, run.pad_multiple)
+        tokens += stats["tokens"] if stats else 0
+    sync()
+    seconds = time.perf_counter() - start
+    params = sum(p.numel() for p in run.model.parameters())
+    print(json.dumps({
+        "benchmark": "train_speed", "arch": args.arch, "parameters": params, "device": str(run.runtime.device),
+        "dtype": str(run.runtime.dtype), "threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
+        "updates": args.updates, "target_tokens_per_s": round(tokens / seconds, 1),
+        "updates_per_s": round(args.updates / seconds, 3), "target_tokens_per_update": round(tokens / args.updates),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Bad input, as a table: each case gets a one-line error naming the file/line/option and cause,
+a non-zero exit, and nothing half-written; or, where the input is usable, a clear warning."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import tiny_checkpoint, write_lines
+
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.cli import main
+
+
+@dataclass
+class Case:
+    name: str
+    setup: object  # (tmp_path) -> list of CLI arguments
+    exit_code: int
+    message: str
+    absent: list = field(default_factory=list)  # paths (relative to tmp_path) that must not exist afterwards
+    stdin: str | None = None
+
+
+def corpus(tmp: Path, en: list[str], de: list[str]) -> list[str]:
+    write_lines(tmp / "train.en", en)
+    write_lines(tmp / "train.de", de)
+    return ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(tmp / "train"), "--destdir", str(tmp / "out"),
+            "--bpe-merges", "5", "--workers", "1", "--quiet"]
+
+
+GOOD = ["the cat sat", "a dog ran home", "cats and dogs"]
+
+
+def mismatched_lines(tmp):
+    return corpus(tmp, GOOD, GOOD[:2])
+
+
+def invalid_utf8(tmp):
+    args = corpus(tmp, GOOD, GOOD)
+    (tmp / "train.de").write_bytes(b"die Katze\nein \xc3\x28 Hund\nKatzen\n")
+    return args
+
+
+def nul_and_huge_lines(tmp):
+    return corpus(tmp, GOOD + ["a \x00 b", "x " * 500_000], GOOD + ["a b", "y"])
+
+
+def duplicate_vocabulary(tmp):
+    args = corpus(tmp, GOOD, GOOD)
+    (tmp / "dict.txt").write_text("cat 3\ndog 2\ncat 1\n")
+    return args + ["--srcdict", str(tmp / "dict.txt"), "--bpe-merges", "0"]
+
+
+def translate(tmp, model, lines, *extra):
+    write_lines(tmp / "in.txt", lines) if lines is not None else (tmp / "in.txt").write_text("")
+    return ["translate", "-m", str(model), "-i", str(tmp / "in.txt"), "-o", str(tmp / "out.txt"), *extra]
+
+
+def long_line_learned_positions(tmp):
+    model = tiny_checkpoint(tmp / "m.pt", max_positions=6, positions="learned")
+    return translate(tmp, model, ["a b", "a b c d e f g h i j", "c"])
+
+
+def empty_input(tmp):
+    return translate(tmp, tiny_checkpoint(tmp / "m.pt"), None)
+
+
+def truncated_checkpoint(tmp):
+    model = tiny_checkpoint(tmp / "m.pt")
+    model.write_bytes(model.read_bytes()[:1000])
+    return translate(tmp, model, ["a"])
+
+
+def random_checkpoint(tmp):
+    (tmp / "m.pt").write_bytes(bytes(range(256)) * 64)
+    return translate(tmp, tmp / "m.pt", ["a"])
+
+
+def other_format_version(tmp):
+    model = tiny_checkpoint(tmp / "m.pt")
+    checkpoint = ckpt.load(model)
+    checkpoint["format_version"] = 2
+    ckpt.save(checkpoint, model)
+    return translate(tmp, model, ["a"])
+
+
+def average_different_architectures(tmp):
+    a, b = tiny_checkpoint(tmp / "a.pt"), tiny_checkpoint(tmp / "b.pt", heads=4)
+    return ["average-checkpoints", "--inputs", str(a), "--inputs", str(b), "-o", str(tmp / "avg.pt")]
+
+
+def invalid_utf8_to_translate(tmp):
+    args = translate(tmp, tiny_checkpoint(tmp / "m.pt"), None)
+    (tmp / "in.txt").write_bytes(b"a b\n\xff\n")
+    return args
+
+
+def option(*args):
+    """Command-line arguments with a real model in place of MODEL."""
+    return lambda tmp: [str(tiny_checkpoint(tmp / "x.pt")) if a == "MODEL" else a for a in args]
+
+
+CASES = [
+    Case("line counts differ", mismatched_lines, 1, r"train.de:3: file ends here, but .*train.en has more", ["out"]),
+    Case("invalid UTF-8", invalid_utf8, 1, r"train.de:2: invalid UTF-8 \(byte 5", ["out"]),
+    Case("NUL byte and 1 MB line are filtered and counted", nul_and_huge_lines, 0, ""),
+    Case("vocabulary with duplicate entries", duplicate_vocabulary, 1, r"dict.txt:3: duplicate token 'cat'", ["out"]),
+    Case("line longer than learned positions", long_line_learned_positions, 0,
+         r"warning: line 2: 10 tokens, more than the model's 5; translating the first 5"),
+    Case("empty input file", empty_input, 0, ""),
+    Case("truncated checkpoint", truncated_checkpoint, 1, r"m.pt: unreadable or truncated checkpoint", ["out.txt"]),
+    Case("random-bytes checkpoint", random_checkpoint, 1, r"m.pt: (unreadable|refused)", ["out.txt"]),
+    Case("checkpoint of another format version", other_format_version, 1, r"m.pt: checkpoint format version 2",
+         ["out.txt"]),
+    Case("averaging different architectures", average_different_architectures, 1,
+         r"a.pt and .*b.pt differ in heads \(2 vs 4\)", ["avg.pt"]),
+    Case("invalid UTF-8 to translate", invalid_utf8_to_translate, 1, r"in.txt:2: invalid UTF-8", ["out.txt"]),
+    Case("negative beam", option("translate", "-m", "MODEL", "--beam", "-1"), 2, r"'--beam'"),
+    Case("zero max-tokens", option("train", ".", "--save-dir", "s", "--max-tokens", "0"), 2, r"'--max-tokens'"),
+    Case("dropout >= 1", option("train", ".", "--save-dir", "s", "--dropout", "1"), 2, r"'--dropout'"),
+    Case("negative length penalty", option("translate", "-m", "MODEL", "--lenpen", "-0.5"), 2, r"'--lenpen'"),
+    Case("zero heads", option("info", "--heads", "0"), 2, r"'--heads'"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, case.setup(tmp_path), input=case.stdin)
+    assert result.exit_code == case.exit_code, result.output
+    if case.exit_code == 1:
+        assert len(result.output.strip().splitlines()) == 1, result.output  # one line, no traceback
+        assert result.output.startswith("Error: ")
+    if case.message:
+        import re
+
+        assert re.search(case.message, result.output), result.output
+    for name in case.absent:
+        assert not (tmp_path / name).exists(), name
+    assert not list(tmp_path.glob(".*tmp-*"))
+
+
+def test_filtered_lines_are_counted(tmp_path):
+    CliRunner().invoke(main, nul_and_huge_lines(tmp_path))
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    assert meta["splits"]["train"]["dropped"] == {"nul_byte": 1, "too_long": 1}
+    assert meta["splits"]["train"]["pairs_out"] == 3

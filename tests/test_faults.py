@@ -1,0 +1,114 @@
+"""Faults: SIGKILL at random moments (also mid-checkpoint), SIGINT/SIGTERM, a failing process under torchrun."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import synthetic_data_dir
+
+from nmt_cli import checkpoint as ckpt
+
+UPDATES = 40
+
+
+def train_command(data: Path, save_dir: Path, max_updates: int = UPDATES) -> list[str]:
+    return [sys.executable, "-m", "nmt_cli", "train", str(data), "--save-dir", str(save_dir), "--arch", "small",
+            "--encoder-layers", "2", "--decoder-layers", "2", "--d-model", "128", "--d-ff", "512", "--heads", "4",
+            "--dropout", "0.1", "--max-tokens", "300", "--max-updates", str(max_updates), "--warmup", "10",
+            "--save-interval-updates", "1", "--keep-last", "2", "--threads", "1", "--device", "cpu", "--quiet"]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def writing(save_dir: Path) -> bool:
+    return any(name.startswith(".checkpoint_") and ".tmp-" in name for name in os.listdir(save_dir))
+
+
+def kill_while(process: subprocess.Popen, save_dir: Path, during_write: bool, rng: random.Random) -> bool:
+    """SIGKILL `process`, mid-checkpoint-write if asked (and caught); returns whether it was mid-write."""
+    deadline = time.monotonic() + 60
+    while not (save_dir / "checkpoint_last.pt").exists() and time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        time.sleep(0.01)
+    if during_write:
+        while time.monotonic() < deadline and process.poll() is None:
+            if writing(save_dir):
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                return True
+    else:
+        time.sleep(rng.uniform(0.0, 1.0))
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return False
+
+
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    subprocess.run(train_command(data, tmp_path / "straight"), check=True, env=ENV, timeout=300)
+    save_dir = tmp_path / "killed"
+    save_dir.mkdir()
+    rng = random.Random(7)
+    mid_write = 0
+    for attempt in range(6):
+        process = subprocess.Popen(train_command(data, save_dir), env=ENV, stderr=subprocess.DEVNULL)
+        mid_write += kill_while(process, save_dir, during_write=attempt % 2 == 0, rng=rng)
+        ckpt.load(save_dir / "checkpoint_last.pt")  # never half-written
+    assert mid_write >= 1
+    subprocess.run(train_command(data, save_dir), check=True, env=ENV, timeout=300)
+    a = ckpt.load(tmp_path / "straight/checkpoint_last.pt")
+    b = ckpt.load(save_dir / "checkpoint_last.pt")
+    assert b["progress"]["updates"] == UPDATES
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert not writing(save_dir)  # the killed runs' temporaries were cleaned up
+    updates = [line for line in (save_dir / "train_log.jsonl").read_text().splitlines() if '"valid"' in line]
+    assert len(updates) == len(set(updates))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_saves_the_current_update_and_says_how_to_resume(tmp_path, sig):
+    data = synthetic_data_dir(tmp_path)
+    save_dir = tmp_path / "ck"
+    command = train_command(data, save_dir, max_updates=100000)
+    command[command.index("--save-interval-updates") + 1] = "1000"
+    process = subprocess.Popen(command, env=ENV, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (save_dir / "train_log.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "Run the same command again to resume" in stderr
+    saved = ckpt.load(save_dir / "checkpoint_last.pt")["progress"]["updates"]
+    assert saved >= 1 and f"checkpoint saved at update {saved}" in stderr
+
+
+def test_a_failing_process_stops_the_others(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    wrapper = tmp_path / "fail_on_rank1.py"
+    wrapper.write_text(
+        "from nmt_cli import train\n"
+        "real = train.Trainer.update\n"
+        "def update(self, data, batches, tokens, step, pad):\n"
+        "    if self.runtime.rank == 1 and step == 3:\n"
+        "        raise RuntimeError('injected failure on rank 1')\n"
+        "    return real(self, data, batches, tokens, step, pad)\n"
+        "train.Trainer.update = update\n"
+        "from nmt_cli.cli import main\n"
+        "main()\n")
+    command = train_command(data, tmp_path / "ck", max_updates=100000)[3:]
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(wrapper), *command], env=ENV, capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0
+    assert "injected failure on rank 1" in result.stderr
+    assert time.monotonic() - start < 120
