@@ -21,6 +21,7 @@ import torch
 
 from nmt_cli import NmtError, __version__
 from nmt_cli.config import ModelConfig
+from nmt_cli.files import temporary
 from nmt_cli.model import Transformer
 from nmt_cli.text import TextConfig
 from nmt_cli.vocab import PAD_ID, Vocabulary
@@ -59,7 +60,7 @@ def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vo
 def save(checkpoint: dict[str, Any], path: Path) -> None:
     """Write to a temporary file in the same directory, fsync, then rename over `path`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(checkpoint, f)
@@ -74,27 +75,10 @@ def save(checkpoint: dict[str, Any], path: Path) -> None:
         raise
 
 
-def remove_stale_temporaries(directory: Path) -> None:
-    """Delete `.NAME.tmp-PID` files or directories left by a killed process that no longer runs."""
-    for path in Path(directory).glob(".*.tmp-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def link(source: Path, target: Path) -> None:
     """Make `target` the same file as `source` (hard link, or copy), atomically."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp = temporary(target)
     tmp.unlink(missing_ok=True)
     try:
         os.link(source, tmp)

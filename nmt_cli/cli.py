@@ -253,22 +253,52 @@ def average_checkpoints(inputs: tuple[Path, ...], save_dir: Path | None, last: i
               help="text: detokenized; tokens: BPE removed; bpe: as produced.")
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
               help="jsonl: one JSON object per line with scores and n-best.")
+@click.option("--attention", is_flag=True,
+              help="With --format jsonl: add the encoder-decoder attention (heads averaged) for alignment.")
+@click.option("--attention-layer", type=click.IntRange(min=1), default=None,
+              help="Decoder layer for --attention [default: the last].")
+@click.option("--attention-plot", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write PNG heat maps of every attention per sentence here (needs matplotlib).")
+@click.option("--layers", type=click.IntRange(min=1), multiple=True, help="Layers to plot (repeatable) [all].")
+@click.option("--heads", type=click.IntRange(min=1), multiple=True, help="Heads to plot (repeatable) [all].")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for PyTorch.")
 def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, beam: int, lenpen: float,
               max_len_a: float, max_len_b: int, nbest: int, allow_unk: bool, max_tokens: int, batch_size: int | None,
-              input_format: str, output_format: str, fmt: str, device: str, precision: str,
-              threads: int | None) -> None:
+              input_format: str, output_format: str, fmt: str, attention: bool, attention_layer: int | None,
+              attention_plot: Path | None, layers: tuple[int, ...], heads: tuple[int, ...], device: str,
+              precision: str, threads: int | None) -> None:
     """Translate raw text with batched beam search and length penalty."""
     from nmt_cli.search import SearchConfig
     from nmt_cli.translate import TranslateOptions, translate_file
 
     if nbest > beam:
         raise click.BadParameter(f"--nbest {nbest} is larger than --beam {beam}", param_hint="--nbest")
+    if attention_plot is not None:
+        from nmt_cli.plot import pyplot
+
+        pyplot()  # fail before translating anything when matplotlib is missing
     search = SearchConfig(beam, lenpen, max_len_a, max_len_b, nbest, allow_unk)
-    options = TranslateOptions(search, max_tokens, batch_size, input_format, output_format, fmt)
+    options = TranslateOptions(search, max_tokens, batch_size, input_format, output_format, fmt, attention,
+                               attention_layer or -1, attention_plot, layers, heads)
     translate_file(list(models), input_path, output_path, options, device, precision, threads)
+
+
+@main.group()
+def plot() -> None:
+    """Pictures: training curves (attention maps: `nmt translate --attention-plot DIR`)."""
+
+
+@plot.command()
+@click.argument("save_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("curves.png"),
+              show_default=True, help="PNG file.")
+def curves(save_dirs: tuple[Path, ...], output: Path) -> None:
+    """Loss, perplexity (and BLEU) of one or more `nmt train` save directories, overlaid."""
+    from nmt_cli.plot import training_curves
+
+    click.echo(f"wrote {training_curves(list(save_dirs), output)}", err=True)
 
 
 @main.command()

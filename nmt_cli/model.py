@@ -75,6 +75,8 @@ class MultiHeadAttention(nn.Module):
             self.kv = nn.Linear(config.d_model, qk + v)
         self.out = nn.Linear(v, config.d_model)  # W^O
         self.dropout = config.attention_dropout
+        self.keep_weights = False  # set by Transformer.attention_weights
+        self.weights: Tensor | None = None
 
     def split_heads(self, x: Tensor, dim: int) -> Tensor:
         """(batch, length, heads * dim) -> (batch, heads, length, dim)."""
@@ -92,10 +94,20 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         """softmax(Q K^T / sqrt(d_k)) V for all heads, concatenated and projected by W^O."""
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        if self.keep_weights:  # the same equation, with the weights kept for inspection (eval only)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+            if causal:
+                future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
+                scores = scores.masked_fill(future, -math.inf)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, -math.inf)
+            self.weights = torch.softmax(scores, dim=-1)
+            out = self.weights @ v
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal,
+                dropout_p=self.dropout if self.training else 0.0,
+            )
         return self.out(out.transpose(1, 2).flatten(2))
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
@@ -271,6 +283,23 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask, keep)
+
+    @torch.no_grad()
+    def attention_weights(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
+        """Attention distributions of a forward pass (§4, appendix), per layer, (batch, heads, queries, keys):
+        "encoder" self-attention, "decoder" (masked) self-attention, "cross" encoder-decoder attention."""
+        groups = {"encoder": [layer.self_attn for layer in self.encoder_layers],
+                  "decoder": [layer.self_attn for layer in self.decoder_layers],
+                  "cross": [layer.cross_attn for layer in self.decoder_layers]}
+        modules = [m for group in groups.values() for m in group]
+        try:
+            for m in modules:
+                m.keep_weights = True
+            self(src, tgt_in)
+            return {name: [m.weights for m in group] for name, group in groups.items()}
+        finally:
+            for m in modules:
+                m.keep_weights, m.weights = False, None
 
     def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
         """Project the encoder output to each decoder layer's keys/values once."""

@@ -28,8 +28,8 @@ from typing import Any
 from tqdm import tqdm
 
 from nmt_cli import NmtError, __version__
-from nmt_cli.checkpoint import remove_stale_temporaries
 from nmt_cli.data import ArrayWriter, token_dtype
+from nmt_cli.files import remove_stale_temporaries, temporary
 from nmt_cli.text import TextConfig, TextProcessor, chunks, decode_lines, learn_joint_bpe, subword_counts
 from nmt_cli.vocab import UNK_ID, Vocabulary
 
@@ -287,7 +287,7 @@ def prepare_destdir(destdir: Path, force: bool) -> Path:
         raise NmtError(f"{destdir}: exists and is not empty (use --force to replace it)")
     destdir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(destdir.parent)
-    tmp = destdir.parent / f".{destdir.name}.tmp-{os.getpid()}"
+    tmp = temporary(destdir)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     return tmp
@@ -342,7 +342,7 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
         codes: str | None = Path(opts.bpe_codes).read_text(encoding="utf-8")
     elif opts.bpe_merges > 0:
         assert word_counts is not None
-        codes = learn_joint_bpe(word_counts[0] + word_counts[1], opts.bpe_merges)
+        codes = learn_joint_bpe(word_counts[0] + word_counts[1], opts.bpe_merges, progress=show_progress(opts))
     else:
         codes = None
     timings["learn_bpe"] = time.perf_counter() - start

@@ -73,7 +73,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
     """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first."""
     batch, beam, device = src.size(0), config.beam, src.device
     src_lengths = (src != PAD_ID).sum(1) - 1  # without EOS
-    limit = max_lengths(src_lengths, config, models.max_positions).tolist()
+    limits = max_lengths(src_lengths, config, models.max_positions)  # of the active sentences
+    limit = limits.tolist()
     states = models.start(src)
     expand = torch.arange(batch, device=device).repeat_interleave(beam)
     for state in states:
@@ -89,8 +90,9 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
         lprobs = models.log_probs(history[:, -1], states)
         vocab = lprobs.size(-1)
         lprobs[:, banned] = -math.inf
-        at_limit = torch.tensor([limit[s] == step for s in active], device=device).repeat_interleave(beam)
-        lprobs[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS_ID, lprobs[at_limit], -math.inf)
+        at_limit = (limits == step).repeat_interleave(beam)
+        if step >= min(limit[s] for s in active):
+            lprobs[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS_ID, lprobs[at_limit], -math.inf)
         n = len(active)
         candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, -1)
         top_scores, top = candidates.topk(min(2 * beam, beam * vocab), dim=1)
@@ -112,12 +114,13 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
         origin = (torch.arange(n, device=device).unsqueeze(1) * beam + top_beam.gather(1, live.indices)).view(-1)
         history = torch.cat([history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
 
-        keep = [r for r, s in enumerate(active) if not _done(finished[s], scores[r], step, limit[s], config)]
+        best_live = scores.max(dim=1).values.tolist()  # one transfer per step
+        keep = [r for r, s in enumerate(active) if not _done(finished[s], best_live[r], step, limit[s], config)]
         if not keep:
             break
         if len(keep) < n:
             index = torch.tensor(keep, device=device)
-            scores, active = scores[index], [active[r] for r in keep]
+            scores, limits, active = scores[index], limits[index], [active[r] for r in keep]
             origin = origin.view(n, beam)[index].view(-1)
             history = history.view(n, beam, -1)[index].view(len(keep) * beam, -1)
         for state in states:
@@ -126,11 +129,10 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
     return [sorted(hyps, key=lambda h: -h.score)[: config.nbest] for hyps in finished]
 
 
-def _done(finished: list[Hypothesis], live_scores: Tensor, step: int, limit: int, config: SearchConfig) -> bool:
+def _done(finished: list[Hypothesis], best_live: float, step: int, limit: int, config: SearchConfig) -> bool:
     if step >= limit or len(finished) >= config.beam:
         return True
     if len(finished) < config.nbest:
         return False
     nth_best = sorted(h.score for h in finished)[-config.nbest]
-    best_possible = live_scores.max().item() / length_penalty(limit + 1, config.lenpen)
-    return best_possible <= nth_best
+    return best_live / length_penalty(limit + 1, config.lenpen) <= nth_best

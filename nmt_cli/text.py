@@ -7,6 +7,7 @@ checkpoint, so that `nmt translate` applies exactly what training saw.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 from collections import Counter
@@ -94,13 +95,15 @@ def check_codes(codes: str, source: str = "BPE codes") -> str:
     return codes
 
 
-def learn_joint_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2) -> str:
+def learn_joint_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2, progress: bool = False) -> str:
     """Learn BPE codes (subword-nmt) from word counts of both languages together; returns the codes."""
     codes = io.StringIO()
     lines = [f"{word} {count}" for word, count in word_counts.items()]
     if not any(len(word) > 1 for word in word_counts):  # nothing to merge; subword-nmt would fail
         raise NmtError("no BPE merge can be learned: every training word is one character (use --bpe-merges 0)")
-    learn_bpe(lines, codes, merges, min_frequency=min_frequency, is_dict=True)
+    quiet = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
+    with quiet:  # subword-nmt draws its own progress bar on stderr
+        learn_bpe(lines, codes, merges, min_frequency=min_frequency, is_dict=True)
     return codes.getvalue()
 
 

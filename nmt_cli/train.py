@@ -35,6 +35,7 @@ from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data import ParallelData, shuffled, token_batches
+from nmt_cli.files import remove_stale_temporaries, write_text
 from nmt_cli.model import Transformer
 from nmt_cli.preprocess import load_meta
 from nmt_cli.text import TextConfig
@@ -283,6 +284,7 @@ class TrainingRun:
         else:
             torch.manual_seed(config.seed + self.runtime.rank)  # dropout differs per process
         self.resumed = state is not None
+        self._nonfinite_in_a_row = 0
         self.tensorboard = None
         if config.tensorboard and self.runtime.main:
             try:
@@ -344,9 +346,7 @@ class TrainingRun:
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
         kept = [line for line in lines if _update_of(line) <= self.progress.updates]
         if len(kept) != len(lines):
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            tmp.write_text("".join(kept), encoding="utf-8")
-            os.replace(tmp, path)
+            write_text(path, "".join(kept))
 
     def save(self, best: bool = False) -> None:
         """`checkpoint_N.pt`, then checkpoint_last.pt (and checkpoint_best.pt) as links to it."""
@@ -436,7 +436,7 @@ class TrainingRun:
         c, p, rt = self.config, self.progress, self.runtime
         self.save_dir.mkdir(parents=True, exist_ok=True)
         if rt.main:
-            ckpt.remove_stale_temporaries(self.save_dir)
+            remove_stale_temporaries(self.save_dir)
             self._truncate_log()
         self.started = self.last_save = time.monotonic()
         per_update = rt.world * c.update_freq
@@ -452,12 +452,12 @@ class TrainingRun:
         if (reason := self.done()) is not None:
             self.log(f"nothing to do: {reason}")
             return p
-        interrupted: list[int] = []
+        interrupted: list[int] = []  # Ctrl-C or SIGTERM: save at the current update, then stop
         handlers = {sig: signal.signal(sig, lambda n, _f: interrupted.append(n))
-                    for sig in (signal.SIGINT, signal.SIGTERM)} if rt.main or rt.world > 1 else {}
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
         bar = self._progress_bar()
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
-        reason = self.done()
+        reason: str | None = None
         try:
             while reason is None:
                 order = shuffled(self.batches, c.seed, p.epoch)
@@ -476,7 +476,7 @@ class TrainingRun:
                         bar.update(1)
                         if p.updates % c.log_interval == 0:
                             self._log_window(window, stats["lr"], bar)
-                    reason = self._after_update(interrupted)
+                    reason = self._after_update(interrupted, advanced=stats is not None)
                 if reason is None:  # end of epoch
                     best = self.validate()
                     p.epoch, p.epoch_updates = p.epoch + 1, 0
@@ -509,7 +509,7 @@ class TrainingRun:
             return None
         if stats is None:
             p.nonfinite_skips += 1
-            self._nonfinite_in_a_row = getattr(self, "_nonfinite_in_a_row", 0) + 1
+            self._nonfinite_in_a_row += 1
             self.log(f"non-finite loss at update {step}: update skipped ({p.nonfinite_skips} so far)")
             if self._nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
                 raise NmtError(f"{MAX_NONFINITE_IN_A_ROW} non-finite losses in a row at update {step}: training "
@@ -518,8 +518,9 @@ class TrainingRun:
         self._nonfinite_in_a_row = 0
         return stats
 
-    def _after_update(self, interrupted: list[int]) -> str | None:
-        """Validate and save when due; returns a reason to stop, if any."""
+    def _after_update(self, interrupted: list[int], advanced: bool) -> str | None:
+        """Validate and save when due; returns a reason to stop, if any. After a skipped update
+        (`advanced` False) the update-count intervals are not due again."""
         c, p = self.config, self.progress
         out_of_time = c.max_time is not None and self.elapsed() >= c.max_time * 60
         save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
@@ -530,11 +531,12 @@ class TrainingRun:
         elif out_of_time:
             reason = f"reached --max-time {c.max_time:g} minutes"
         best = False
-        if c.validate_interval_updates and p.updates % c.validate_interval_updates == 0 or \
-                (reason is not None and not reason.startswith("interrupted")):
+        interval_due = advanced and c.validate_interval_updates and p.updates % c.validate_interval_updates == 0
+        if interval_due or (reason is not None and not reason.startswith("interrupted")):
             best = self.validate()
             reason = reason or self.done()
-        if reason or best or save_due or (c.save_interval_updates and p.updates % c.save_interval_updates == 0):
+        save_interval_due = advanced and c.save_interval_updates and p.updates % c.save_interval_updates == 0
+        if reason or best or save_due or save_interval_due:
             self.save(best)
         return reason
 

@@ -22,9 +22,10 @@ import torch
 from nmt_cli import NmtError
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.data import pad
+from nmt_cli.files import temporary
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search
 from nmt_cli.text import TextProcessor, chunks, decode_lines
-from nmt_cli.vocab import EOS_ID
+from nmt_cli.vocab import BOS_ID, EOS_ID
 
 CHUNK_LINES = 4096
 
@@ -37,6 +38,11 @@ class TranslateOptions:
     input_format: str = "raw"  # raw | bpe
     output_format: str = "text"  # text | bpe | tokens
     format: str = "text"  # text | jsonl
+    attention: bool = False  # jsonl: add the encoder-decoder attention of `attention_layer`
+    attention_layer: int = -1  # 1-based; -1 = the last
+    attention_plot: Path | None = None  # directory for heat maps of every attention, per sentence
+    plot_layers: tuple[int, ...] = ()  # 1-based; empty = all
+    plot_heads: tuple[int, ...] = ()
 
 
 class Translator:
@@ -102,16 +108,49 @@ class Translator:
         sources = [self.encode(line, first_number + k) if line.strip() else [] for k, line in enumerate(lines)]
         outputs = []
         for k, hyps in enumerate(self.translate_ids(sources)):
+            number = first_number + k
+            weights = self.attention(sources[k], hyps[0].tokens) if hyps and self.wants_attention else None
+            if weights is not None and self.options.attention_plot is not None:
+                from nmt_cli.plot import attention_maps
+
+                attention_maps(weights, *self.labels(sources[k], hyps[0].tokens), self.options.attention_plot,
+                               f"line{number:06d}", self.options.plot_layers, self.options.plot_heads)
             if self.options.format == "jsonl":
-                outputs.append(json.dumps(self.record(first_number + k, hyps), ensure_ascii=False))
+                outputs.append(json.dumps(self.record(number, sources[k], hyps, weights), ensure_ascii=False))
             else:
                 outputs.append(self.detokenize(hyps[0].tokens) if hyps else "")
         return outputs
 
-    def record(self, number: int, hyps: list[Hypothesis]) -> dict[str, Any]:
+    @property
+    def wants_attention(self) -> bool:
+        return self.options.attention_plot is not None or (self.options.format == "jsonl" and self.options.attention)
+
+    def attention(self, source: list[int], output: list[int]) -> dict[str, list[torch.Tensor]]:
+        """Every attention distribution of the first model on (source, its translation)."""
+        model = self.models.models[0]
+        src = torch.tensor([source + [EOS_ID]], device=self.device)
+        tgt_in = torch.tensor([[BOS_ID] + output], device=self.device)
+        return model.attention_weights(src, tgt_in)
+
+    def labels(self, source: list[int], output: list[int]) -> tuple[list[str], list[str]]:
+        """Axis labels: source and output subwords, each ending in </s>."""
+        return self.bundle.src_vocab.decode(source + [EOS_ID]), self.bundle.tgt_vocab.decode(output + [EOS_ID])
+
+    def record(self, number: int, source: list[int], hyps: list[Hypothesis],
+               weights: dict[str, list[torch.Tensor]] | None) -> dict[str, Any]:
         nbest = [{"text": self.detokenize(h.tokens), "tokens": self.bundle.tgt_vocab.decode(h.tokens),
                   "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)} for h in hyps]
-        return {"line": number, "translation": nbest[0]["text"] if nbest else "", "nbest": nbest}
+        record = {"line": number, "translation": nbest[0]["text"] if nbest else "", "nbest": nbest}
+        if weights is not None and self.options.attention:
+            layers = weights["cross"]
+            layer = self.options.attention_layer if self.options.attention_layer > 0 else len(layers)
+            if not 1 <= layer <= len(layers):
+                raise NmtError(f"--attention-layer {layer}: the model has {len(layers)} decoder layers")
+            src_tokens, tgt_tokens = self.labels(source, hyps[0].tokens)
+            matrix = layers[layer - 1][0].mean(0).float().cpu()  # (output tokens, source tokens), heads averaged
+            record["attention"] = {"layer": layer, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
+                                   "weights": [[round(w, 5) for w in row] for row in matrix.tolist()]}
+        return record
 
 
 def translate_stream(translator: Translator, source: IO[bytes], source_name: str, write: Callable[[str], None],
@@ -148,7 +187,7 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
     try:
         if output_path is None:
             return translate_stream(translator, source, name, sys.stdout.write)
-        tmp = output_path.with_name(f".{output_path.name}.tmp-{os.getpid()}")
+        tmp = temporary(output_path)
         try:
             with open(tmp, "w", encoding="utf-8") as out:
                 count = translate_stream(translator, source, name, out.write, progress=input_path is not None)

@@ -78,3 +78,17 @@ def tiny_checkpoint(path: Path, seed: int = 0, symbols: str = SYMBOLS, max_posit
     model = Transformer(config, len(vocab), len(vocab), PAD_ID, True)
     ckpt.save(ckpt.describe(model, TextConfig("src", "tgt", tokenizer="none"), None, vocab, vocab), path)
     return path
+
+
+def block_import(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    """Make `import PREFIX...` fail, as on a machine without that optional package."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def blocked(name, *args, **kwargs):
+        if name.startswith(prefix):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", blocked)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from conftest import synthetic_data_dir
+from conftest import block_import, synthetic_data_dir
 
 from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
@@ -231,17 +231,8 @@ def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
 
 
 def test_tensorboard_missing_is_a_clear_error(tmp_path, monkeypatch):
-    import builtins
-
     data = synthetic_data_dir(tmp_path)
-    real_import = builtins.__import__
-
-    def no_tensorboard(name, *args, **kwargs):
-        if name.startswith("torch.utils.tensorboard"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    block_import(monkeypatch, "torch.utils.tensorboard")
     with pytest.raises(NmtError, match="pip install tensorboard"):
         run_training(data, tmp_path / "ck", max_updates=1, tensorboard=True)
 

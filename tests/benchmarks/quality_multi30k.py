@@ -1,12 +1,12 @@
 """Translation quality on Multi30k en->de after a time budget:
 `python tests/benchmarks/quality_multi30k.py --work runs/quality --minutes 60 --eval-at 25 60`.
 
-One training run of `--minutes` keeps every checkpoint (one every `--save-every` minutes). For
-each time T in `--eval-at`, the last 5 checkpoints written within T minutes of training are
-averaged (the rate schedule does not depend on the budget, so this is what a T-minute run
-gives), then val and test_2016_flickr are translated with beam 4 / alpha 0.6 and scored with
-sacreBLEU (13a, detokenized). The last checkpoint alone is scored too. One JSON line per T.
-Extra arguments after `--` go to `nmt train` (the recipe).
+Runs data/quickstart.sh (the recipe lives there) for `--minutes`, keeping every checkpoint (one
+every `--save-every` minutes). For each time T in `--eval-at`, the last 5 checkpoints written
+within T minutes of training are averaged (the rate schedule does not depend on the budget, so
+this is what a T-minute run gives), then val and test_2016_flickr are translated with beam 4 /
+alpha 0.6 and scored with sacreBLEU (13a, detokenized). The last checkpoint alone is scored too.
+One JSON line per T.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import sacrebleu
 from nmt_cli import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ["--arch", "small", "--lr-schedule", "inverse-sqrt", "--lr", "1e-3", "--warmup", "400",
-          "--max-tokens", "4096"]
 
 
 def nmt(*args: object) -> None:
@@ -48,24 +46,18 @@ def evaluate(work: Path, minutes: float, threads: int) -> dict:
 
 
 def main() -> None:
-    own, _, recipe = " ".join(sys.argv[1:]).partition(" -- ")
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--work", type=Path, default=Path("runs/quality"))
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--eval-at", type=float, nargs="+", default=[25, 60])
     parser.add_argument("--save-every", type=float, default=2.0)
-    parser.add_argument("--bpe-merges", type=int, default=8000)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    args = parser.parse_args(own.split())
-    work = args.work
-    subprocess.run(["bash", str(ROOT / "data/get_multi30k.sh"), str(work / "raw")], check=True)
-    if not (work / "data/meta.json").exists():
-        nmt("preprocess", "-s", "en", "-t", "de", "--trainpref", work / "raw/train", "--validpref", work / "raw/val",
-            "--destdir", work / "data", "--bpe-merges", args.bpe_merges, "--max-len-ratio", 3, "--quiet")
-    nmt("train", work / "data", "--save-dir", work / "ckpt", *(recipe.split() or RECIPE), "--max-time", args.minutes,
-        "--save-interval-minutes", args.save_every, "--keep-last", 0, "--threads", args.threads, "--quiet")
+    args = parser.parse_args()
+    env = {**os.environ, "WORK": str(args.work.resolve()), "MINUTES": f"{args.minutes:g}",
+           "SAVE_EVERY": f"{args.save_every:g}", "KEEP_LAST": "0", "THREADS": str(args.threads)}
+    subprocess.run(["bash", str(ROOT / "data/quickstart.sh")], check=True, env=env)
     for minutes in args.eval_at:
-        print(json.dumps(evaluate(work, minutes, args.threads)), flush=True)
+        print(json.dumps(evaluate(args.work, minutes, args.threads)), flush=True)
 
 
 if __name__ == "__main__":
