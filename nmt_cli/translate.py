@@ -22,7 +22,7 @@ import torch
 from nmt_cli import NmtError
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.data import pad
-from nmt_cli.files import temporary
+from nmt_cli.files import remove_stale_temporaries, temporary
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search
 from nmt_cli.text import TextProcessor, chunks, decode_lines
 from nmt_cli.vocab import BOS_ID, EOS_ID
@@ -187,6 +187,7 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
     try:
         if output_path is None:
             return translate_stream(translator, source, name, sys.stdout.write)
+        remove_stale_temporaries(output_path.parent)
         tmp = temporary(output_path)
         try:
             with open(tmp, "w", encoding="utf-8") as out:

@@ -112,3 +112,34 @@ def test_a_failing_process_stops_the_others(tmp_path):
     assert result.returncode != 0
     assert "injected failure on rank 1" in result.stderr
     assert time.monotonic() - start < 120
+
+
+@pytest.mark.parametrize("command", ["translate", "preprocess"])
+def test_killed_translate_or_preprocess_leaves_nothing_that_looks_complete(tmp_path, command):
+    from conftest import SYMBOLS, tiny_checkpoint, write_lines
+
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(SYMBOLS) + rng.choice(SYMBOLS) for _ in range(rng.randint(20, 40)))
+             for _ in range(20000)]
+    write_lines(tmp_path / "in.src", lines)
+    write_lines(tmp_path / "in.tgt", lines)
+    if command == "translate":
+        model = tiny_checkpoint(tmp_path / "m.pt")
+        args = ["translate", "-m", str(model), "-i", str(tmp_path / "in.src"), "-o", str(tmp_path / "out"),
+                "--max-len-b", "5", "--threads", "1"]
+    else:
+        args = ["preprocess", "-s", "src", "-t", "tgt", "--trainpref", str(tmp_path / "in"), "--destdir",
+                str(tmp_path / "out"), "--tokenizer", "none", "--bpe-merges", "50", "--workers", "1", "--quiet"]
+    process = subprocess.Popen([sys.executable, "-m", "nmt_cli", *args], env=ENV, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert process.poll() is None, "finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "out").exists() and list(tmp_path.glob(".out.tmp-*"))
+    if command == "translate":  # a short input this time; the stale temporary is cleared
+        write_lines(tmp_path / "in.src", lines[:3])
+    subprocess.run([sys.executable, "-m", "nmt_cli", *args], env=ENV, check=True, timeout=300)
+    assert (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
