@@ -201,9 +201,13 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
         self.scaler.step(self.optimizer)
-        self.scaler.update()
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        self.scaler.update()  # fp16: halves the scale (and skipped the step) on overflow, grows it when stable
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_sum, "nll": totals[1].item(), "tokens": totals[2].item(), "lr": lr}
+        stats = {"loss": loss_sum, "nll": totals[1].item(), "tokens": totals[2].item(), "lr": lr}
+        if self.scaler.is_enabled() and self.scaler.get_scale() != scale:
+            stats["loss_scale"] = (scale, self.scaler.get_scale())
+        return stats
 
     @torch.inference_mode()
     def validate(self, data: ParallelData, max_tokens: int, pad_multiple: int) -> dict[str, float]:
@@ -516,6 +520,11 @@ class TrainingRun:
                                "diverged; lower the learning rate (--lr-scale/--lr), or use --precision bf16/fp32")
             return None
         self._nonfinite_in_a_row = 0
+        if "loss_scale" in stats:
+            before, after = stats.pop("loss_scale")
+            change = "overflow, step skipped" if after < before else "stable, grown"
+            self.log(f"fp16 loss scale {before:g} -> {after:g} at update {step} ({change})")
+            self.record({"kind": "loss_scale", "update": step, "before": before, "after": after})
         return stats
 
     def _after_update(self, interrupted: list[int], advanced: bool) -> str | None:
