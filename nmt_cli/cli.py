@@ -31,8 +31,9 @@ def _click_type(cls: type, f: dataclasses.Field) -> click.ParamType:
                             max_open="max" in meta)
 
 
-def config_options(cls: type) -> Callable[[Callable], Callable]:
-    """One flag per field of a config dataclass (`d_ff` -> `--d-ff`), defaulting to None (= unchanged)."""
+def config_options(cls: type, show_defaults: bool = True) -> Callable[[Callable], Callable]:
+    """One flag per field of a config dataclass (`d_ff` -> `--d-ff`). Without `show_defaults` every
+    flag defaults to None, meaning "keep the preset's value"."""
 
     def decorate(command: Callable) -> Callable:
         for f in reversed(dataclasses.fields(cls)):
@@ -40,7 +41,7 @@ def config_options(cls: type) -> Callable[[Callable], Callable]:
             if f.type in (bool, "bool"):
                 command = click.option(flag, f.name, is_flag=True, default=None, help=f.metadata["help"])(command)
                 continue
-            default = f.default if cls is not ModelConfig else None
+            default = f.default if show_defaults else None
             command = click.option(flag, f.name, type=_click_type(cls, f), default=default,
                                    show_default=default is not None, help=f.metadata["help"])(command)
         return command
@@ -50,7 +51,7 @@ def config_options(cls: type) -> Callable[[Callable], Callable]:
 
 def model_options(command: Callable) -> Callable:
     """`--arch` plus every ModelConfig field as a flag, defaulting to the preset's value."""
-    command = config_options(ModelConfig)(command)
+    command = config_options(ModelConfig, show_defaults=False)(command)
     return click.option("--arch", type=click.Choice(sorted(PRESETS)), default="base", show_default=True,
                         help="Preset: base/big (Table 3), iwslt, small (CPU).")(command)
 

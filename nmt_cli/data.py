@@ -8,7 +8,7 @@ Sentences are stored without EOS; `ParallelData` adds EOS (source, target) and B
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +147,3 @@ def shuffled(batches: list[np.ndarray], seed: int, epoch: int) -> list[np.ndarra
     rng = np.random.default_rng([seed, epoch])
     return [batches[i] for i in rng.permutation(len(batches))]
 
-
-def iterate(data: ParallelData, batches: Sequence[np.ndarray], pad_to_multiple: int = 1) -> Iterator[Batch]:
-    for indices in batches:
-        yield data.collate(indices, pad_to_multiple)

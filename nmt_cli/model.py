@@ -67,7 +67,6 @@ class MultiHeadAttention(nn.Module):
         assert config.d_k is not None and config.d_v is not None
         self.heads, self.d_k, self.d_v = config.heads, config.d_k, config.d_v
         qk, v = self.heads * self.d_k, self.heads * self.d_v
-        self.self_attention = self_attention
         if self_attention:
             self.qkv = nn.Linear(config.d_model, 2 * qk + v)
         else:
@@ -86,6 +85,10 @@ class MultiHeadAttention(nn.Module):
         """Keys and values of the encoder output; computed once per source batch."""
         k, v = self.kv(memory).split([self.heads * self.d_k, self.heads * self.d_v], dim=-1)
         return self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Queries of encoder-decoder attention, from the decoder."""
+        return self.split_heads(self.q(x), self.d_k)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         qk = self.heads * self.d_k
@@ -187,8 +190,7 @@ class DecoderLayer(nn.Module):
             return self.self_attn.attend(q, k, v, None, causal=False)
 
         def cross_attention(y: Tensor) -> Tensor:
-            q = self.cross_attn.split_heads(self.cross_attn.q(y), self.cross_attn.d_k)
-            return self.cross_attn.attend(q, *memory_kv, src_mask, causal=False)
+            return self.cross_attn.attend(self.cross_attn.project_q(y), *memory_kv, src_mask, causal=False)
 
         x = self.sublayers[0](x, self_attention)
         x = self.sublayers[1](x, cross_attention)
@@ -205,10 +207,15 @@ class DecoderState:
         self.caches: list[list[Tensor]] = [[] for _ in memory_kv]
         self.step = 0
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (beam selection, or dropping finished sentences)."""
-        self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
-        self.src_mask = self.src_mask.index_select(0, index)
+    def reorder(self, index: Tensor, beams_only: bool = False) -> None:
+        """Keep batch rows `index` (beam selection, or dropping finished sentences).
+
+        `beams_only`: `index` only moves rows among the beams of one sentence, whose encoder
+        keys/values are identical, so only the self-attention caches need to follow it.
+        """
+        if not beams_only:
+            self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
+            self.src_mask = self.src_mask.index_select(0, index)
         self.caches = [[t.index_select(0, index) for t in cache] for cache in self.caches]
 
 

@@ -30,7 +30,15 @@ from tqdm import tqdm
 from nmt_cli import NmtError, __version__
 from nmt_cli.data import ArrayWriter, token_dtype
 from nmt_cli.files import remove_stale_temporaries, temporary
-from nmt_cli.text import TextConfig, TextProcessor, chunks, decode_lines, learn_joint_bpe, subword_counts
+from nmt_cli.text import (
+    TextConfig,
+    TextProcessor,
+    check_codes,
+    chunks,
+    decode_lines,
+    learn_joint_bpe,
+    subword_counts,
+)
 from nmt_cli.vocab import UNK_ID, Vocabulary
 
 FORMAT_VERSION = 1
@@ -339,7 +347,8 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
 
     start = time.perf_counter()
     if opts.bpe_codes is not None:
-        codes: str | None = Path(opts.bpe_codes).read_text(encoding="utf-8")
+        text = Path(opts.bpe_codes).read_text(encoding="utf-8")
+        codes: str | None = check_codes(text, f"{opts.bpe_codes}: BPE codes")  # names the file in errors
     elif opts.bpe_merges > 0:
         assert word_counts is not None
         codes = learn_joint_bpe(word_counts[0] + word_counts[1], opts.bpe_merges, progress=show_progress(opts))

@@ -85,13 +85,14 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
     history = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+    soonest_limit = min(limit)  # of the active sentences
 
     for step in range(max(limit) + 1):
         lprobs = models.log_probs(history[:, -1], states)
         vocab = lprobs.size(-1)
         lprobs[:, banned] = -math.inf
-        at_limit = (limits == step).repeat_interleave(beam)
-        if step >= min(limit[s] for s in active):
+        if step >= soonest_limit:  # only EOS where a sentence reaches its maximum length
+            at_limit = (limits == step).repeat_interleave(beam)
             lprobs[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS_ID, lprobs[at_limit], -math.inf)
         n = len(active)
         candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, -1)
@@ -118,13 +119,15 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
         keep = [r for r, s in enumerate(active) if not _done(finished[s], best_live[r], step, limit[s], config)]
         if not keep:
             break
-        if len(keep) < n:
+        shrink = len(keep) < n
+        if shrink:
             index = torch.tensor(keep, device=device)
             scores, limits, active = scores[index], limits[index], [active[r] for r in keep]
+            soonest_limit = min(limit[s] for s in active)
             origin = origin.view(n, beam)[index].view(-1)
             history = history.view(n, beam, -1)[index].view(len(keep) * beam, -1)
         for state in states:
-            state.reorder(origin)
+            state.reorder(origin, beams_only=not shrink)
 
     return [sorted(hyps, key=lambda h: -h.score)[: config.nbest] for hyps in finished]
 

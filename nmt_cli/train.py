@@ -35,6 +35,7 @@ from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data import ParallelData, shuffled, token_batches
+from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, write_text
 from nmt_cli.model import Transformer
 from nmt_cli.preprocess import load_meta
@@ -104,25 +105,13 @@ class Runtime:
 
 def set_up_runtime(config: TrainConfig) -> Runtime:
     """Device, precision and, under torchrun, the process group (NCCL on GPU, gloo on CPU)."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    torch.set_flush_denormal(True)  # tiny Adam moments as denormals make CPU arithmetic far slower
-    cuda = torch.cuda.is_available() if config.device == "auto" else config.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise NmtError("--device cuda: no CUDA device is available")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
+    device, dtype = select_device(config.device, config.precision, config.threads, local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
-    precision = config.precision
-    if precision == "auto":
-        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
-    if precision != "fp32" and not cuda:
-        raise NmtError(f"--precision {precision} needs a CUDA device; use fp32 on CPU")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
     return Runtime(device, dtype, rank, world, local_rank)
 
 
@@ -177,19 +166,15 @@ class Trainer:
         """One optimizer step over `batches`; None when it was skipped (non-finite loss or OOM)."""
         self.net.train()
         # DDP averages gradients over processes; scaling by `world` makes them sums over all tokens.
-        scale = self.runtime.world / update_tokens
+        weight = self.runtime.world / update_tokens
         totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
         for i, indices in enumerate(batches):
-            batch = data.collate(indices, pad_multiple).to(self.runtime.device)
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.runtime.world == 1 else self.net.no_sync()
-            keep = batch.tgt_out != PAD_ID
             with sync:
-                with self.autocast():
-                    logits = self.net(batch.src, batch.tgt_in, keep)  # (real target tokens, vocab)
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out[keep], self.epsilon)
-                self.scaler.scale(loss * scale).backward()
-            totals += torch.stack([loss.detach(), nll.detach(), keep.sum().float()]).double()
+                loss, nll, tokens = self.loss(self.net, data, indices, pad_multiple)
+                self.scaler.scale(loss * weight).backward()
+            totals += torch.stack([loss.detach(), nll.detach(), tokens]).double()
         loss_sum = totals[0].item()  # one host-device sync per update
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
@@ -201,26 +186,32 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
         self.scaler.step(self.optimizer)
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.scaler.update()  # fp16: halves the scale (and skipped the step) on overflow, grows it when stable
         self.optimizer.zero_grad(set_to_none=True)
         stats = {"loss": loss_sum, "nll": totals[1].item(), "tokens": totals[2].item(), "lr": lr}
-        if self.scaler.is_enabled() and self.scaler.get_scale() != scale:
-            stats["loss_scale"] = (scale, self.scaler.get_scale())
+        if self.scaler.is_enabled() and self.scaler.get_scale() != loss_scale:
+            stats["loss_scale"] = (loss_scale, self.scaler.get_scale())
         return stats
 
+    def loss(self, net: torch.nn.Module, data: ParallelData, indices: np.ndarray,
+             pad_multiple: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Label-smoothed loss and NLL sums and the token count of one batch; only real target
+        positions are projected to the vocabulary."""
+        batch = data.collate(indices, pad_multiple).to(self.runtime.device)
+        keep = batch.tgt_out != PAD_ID
+        with self.autocast():
+            logits = net(batch.src, batch.tgt_in, keep)  # (real target tokens, vocab)
+        loss, nll = label_smoothed_loss(logits, batch.tgt_out[keep], self.epsilon)
+        return loss, nll, keep.sum().float()
+
     @torch.inference_mode()
-    def validate(self, data: ParallelData, max_tokens: int, pad_multiple: int) -> dict[str, float]:
+    def validate(self, data: ParallelData, batches: list[np.ndarray], pad_multiple: int) -> dict[str, float]:
         """Label-smoothed loss, NLL and perplexity per target token over a whole split."""
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
-        longest = int(max(data.src_lengths.max(initial=1), data.tgt_lengths.max(initial=1)))
-        for indices in token_batches(data.src_lengths, data.tgt_lengths, max(max_tokens, longest)):
-            batch = data.collate(indices, pad_multiple).to(self.runtime.device)
-            with self.autocast():
-                logits = self.model(batch.src, batch.tgt_in)
-            loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.epsilon)
-            totals += torch.stack([loss, nll, (batch.tgt_out != PAD_ID).sum().float()]).double()
+        for indices in batches:
+            totals += torch.stack(self.loss(self.model, data, indices, pad_multiple)).double()
         loss, nll, tokens = totals.tolist()
         return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(nll / tokens)}
 
@@ -250,6 +241,10 @@ class TrainingRun:
         dtype = np.dtype(meta["dtype"])
         self.train = ParallelData.load(Path(data_dir), "train", src, tgt, dtype)
         self.valid = ParallelData.load(Path(data_dir), "valid", src, tgt, dtype) if "valid" in meta["splits"] else None
+        if self.valid is not None:  # validation never drops a pair: a batch holds at least the longest one
+            longest_valid = int(max(self.valid.src_lengths.max(initial=1), self.valid.tgt_lengths.max(initial=1)))
+            self.valid_batches = token_batches(self.valid.src_lengths, self.valid.tgt_lengths,
+                                               max(config.max_tokens, longest_valid))
         longest = int(max(self.train.src_lengths.max(), self.train.tgt_lengths.max()))
         if longest > model_config.max_positions:
             raise NmtError(f"{data_dir}: training has a sequence of {longest} tokens (EOS included), more than "
@@ -311,16 +306,16 @@ class TrainingRun:
             if ours.get(key) != value:
                 raise NmtError(f"{path}: model config differs ({key}: {value} in the checkpoint, {ours.get(key)} now); "
                                "use the same options, --reset to start over, or --init-from to fine-tune")
-        for side, vocab in (("src_vocab", self.src_vocab), ("tgt_vocab", self.tgt_vocab)):
-            if state[side] != vocab.tokens:
-                raise NmtError(f"{path}: the {side.replace('_', ' ')}ulary differs from the data directory's; "
-                               "use the data the checkpoint was trained on, or --reset")
+        self._check_vocabularies(state, path, "use the data the checkpoint was trained on, or --reset")
+
+    def _check_vocabularies(self, state: dict[str, Any], path: Path, advice: str) -> None:
+        for side, key, vocab in (("source", "src_vocab", self.src_vocab), ("target", "tgt_vocab", self.tgt_vocab)):
+            if state[key] != vocab.tokens:
+                raise NmtError(f"{path}: the {side} vocabulary differs from the data directory's; {advice}")
 
     def _load_weights(self, path: Path) -> None:
         state = ckpt.load(path)
-        for side, vocab in (("src_vocab", self.src_vocab), ("tgt_vocab", self.tgt_vocab)):
-            if state[side] != vocab.tokens:
-                raise NmtError(f"{path}: --init-from needs the same vocabulary; the {side} differs")
+        self._check_vocabularies(state, path, "--init-from needs the same vocabulary")
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as e:
@@ -384,7 +379,7 @@ class TrainingRun:
         """Validate, log, and return whether this is the best result so far (by the chosen metric)."""
         if self.valid is None:
             return False
-        result = self.trainer.validate(self.valid, self.config.max_tokens, self.pad_multiple)
+        result = self.trainer.validate(self.valid, self.valid_batches, self.pad_multiple)
         if self.config.eval_bleu:
             result["bleu"] = self.valid_bleu()
         p = self.progress

@@ -22,6 +22,7 @@ import torch
 from nmt_cli import NmtError
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.data import pad
+from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, temporary
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search
 from nmt_cli.text import TextProcessor, chunks, decode_lines
@@ -172,16 +173,8 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
                    options: TranslateOptions, device: str = "auto", precision: str = "fp32",
                    threads: int | None = None) -> int:
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when complete."""
-    if threads:
-        torch.set_num_threads(threads)
-    cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise NmtError("--device cuda: no CUDA device is available")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    if dtype != torch.float32 and not cuda:
-        raise NmtError(f"--precision {precision} needs a CUDA device")
-    bundles = [load_bundle(path) for path in checkpoints]
-    translator = Translator(bundles, options, torch.device("cuda" if cuda else "cpu"), dtype)
+    torch_device, dtype = select_device(device, precision, threads)
+    translator = Translator([load_bundle(path) for path in checkpoints], options, torch_device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"
     try:

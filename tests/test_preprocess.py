@@ -228,3 +228,10 @@ def test_corpus_with_nothing_to_merge(tmp_path):
     assert result.exit_code == 1 and "--bpe-merges 0" in result.output
     assert preprocess(tmp_path, "--max-len-ratio", 3, "--bpe-merges", 0, dest="nobpe").exit_code == 0
     assert not (tmp_path / "nobpe/bpe.codes").exists()
+
+
+def test_reuse_for_another_language_pair_is_refused(tmp_path):
+    assert preprocess(corpus(tmp_path)).exit_code == 0
+    result = run("preprocess", "-s", "de", "-t", "en", "--testpref", tmp_path / "train", "--destdir", tmp_path / "x",
+                 "--from-data", tmp_path / "out")
+    assert result.exit_code == 1 and "prepared for en-de, not de-en" in result.output

@@ -88,7 +88,7 @@ def test_wide_beam_equals_exhaustive_search(lenpen, seed):
         assert h.score == pytest.approx(score, abs=1e-4)
 
 
-def test_narrow_beam_can_miss_the_best_but_scores_are_consistent():
+def test_narrow_beam_scores_are_the_models_penalized_log_probabilities():
     model = random_model(9, 5, scale=3.0)
     src = sources([[4, 5, 6]], 9)
     h = beam_search(Ensemble([model]), src, SearchConfig(beam=2, max_len_a=0, max_len_b=4))[0][0]

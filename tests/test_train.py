@@ -277,3 +277,23 @@ def test_fp16_loss_scale_changes_are_reported(tmp_path, capsys):
     assert "fp16 loss scale 1.15292e+18 -> 5.76461e+17 at update 1 (overflow, step skipped)" in capsys.readouterr().err
     records = [json.loads(line) for line in (tmp_path / "ck/train_log.jsonl").read_text().splitlines()]
     assert {"kind": "loss_scale", "update": 1, "before": 2.0 ** 60, "after": 2.0 ** 59} in records
+
+
+def test_init_from_another_architecture_is_refused(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "ck", max_updates=1).run()
+    with pytest.raises(NmtError, match=r"checkpoint_last.pt: --init-from weights do not fit this architecture"):
+        TrainingRun(data, tmp_path / "ft", TINY.replace(d_ff=32), TrainConfig(max_tokens=200),
+                    init_from=tmp_path / "ck/checkpoint_last.pt", progress_bar=False)
+
+
+def test_data_directory_errors(tmp_path):
+    with pytest.raises(NmtError, match="meta.json: not found; is .* a directory made by `nmt preprocess`"):
+        run_training(tmp_path, tmp_path / "ck", max_updates=1)
+    data = synthetic_data_dir(tmp_path)
+    with pytest.raises(NmtError, match="training has a sequence of 9 tokens .* more than --max-positions 8"):
+        run_training(data, tmp_path / "ck", TINY.replace(max_positions=8), max_updates=1)
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps({**meta, "format_version": 7}))
+    with pytest.raises(NmtError, match="data format version 7"):
+        run_training(data, tmp_path / "ck", max_updates=1)

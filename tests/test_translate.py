@@ -116,3 +116,11 @@ def test_output_formats(model_path):
     t = translator(model_path, output_format="bpe")
     assert t.detokenize([5, 6]) == "b c"
     assert translator(model_path, input_format="bpe").encode("a b zz", 1) == [4, 5, 3]
+
+
+def test_attention_layer_out_of_range_and_mismatched_ensemble(model_path, tmp_path):
+    result = run("-m", model_path, "--format", "jsonl", "--attention", "--attention-layer", 4, input="a b\n")
+    assert result.exit_code == 1 and "--attention-layer 4: the model has 1 decoder layers" in result.output
+    other = tiny_checkpoint(tmp_path / "other.pt", symbols="abcdefghijklmnoq")
+    result = run("-m", model_path, "-m", other, input="a b\n")
+    assert result.exit_code == 1 and "ensemble members must share their vocabularies" in result.output
