@@ -143,6 +143,8 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
 @click.option("--vocab-min-count", type=click.IntRange(min=1), default=1, show_default=True,
               help="Leave out subwords seen fewer times in training.")
 @click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="At most this many entries.")
+@click.option("--padding-factor", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Pad built vocabularies with unused entries to a multiple of this (fast matrix shapes).")
 @click.option("--max-len", type=click.IntRange(min=1), default=250, show_default=True,
               help="Drop training pairs with a side longer than this many BPE tokens.")
 @click.option("--max-len-ratio", type=click.FloatRange(min=1.0), default=1.5, show_default=True,
@@ -264,12 +266,14 @@ def average_checkpoints(inputs: tuple[Path, ...], save_dir: Path | None, last: i
 @click.option("--heads", type=click.IntRange(min=1), multiple=True, help="Heads to plot (repeatable) [all].")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
+@click.option("--quantize", type=click.Choice(["int8"]), default=None,
+              help="CPU: run the linear layers as dynamic int8 matmuls (see the README for speed and BLEU).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for PyTorch.")
 def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, beam: int, lenpen: float,
               max_len_a: float, max_len_b: int, nbest: int, allow_unk: bool, max_tokens: int, batch_size: int | None,
               input_format: str, output_format: str, fmt: str, attention: bool, attention_layer: int | None,
               attention_plot: Path | None, layers: tuple[int, ...], heads: tuple[int, ...], device: str,
-              precision: str, threads: int | None) -> None:
+              precision: str, quantize: str | None, threads: int | None) -> None:
     """Translate raw text with batched beam search and length penalty."""
     from nmt_cli.search import SearchConfig
     from nmt_cli.translate import TranslateOptions, translate_file
@@ -282,7 +286,7 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
         pyplot()  # fail before translating anything when matplotlib is missing
     search = SearchConfig(beam, lenpen, max_len_a, max_len_b, nbest, allow_unk)
     options = TranslateOptions(search, max_tokens, batch_size, input_format, output_format, fmt, attention,
-                               attention_layer or -1, attention_plot, layers, heads)
+                               attention_layer or -1, attention_plot, layers, heads, quantize)
     translate_file(list(models), input_path, output_path, options, device, precision, threads)
 
 

@@ -32,9 +32,15 @@ class ArrayWriter:
         self.idx.write(np.zeros(1, dtype=np.int64).tobytes())
 
     def add(self, ids: Sequence[int]) -> None:
-        self.bin.write(np.asarray(ids, dtype=self.dtype).tobytes())
-        self.offset += len(ids)
-        self.idx.write(np.array([self.offset], dtype=np.int64).tobytes())
+        self.extend(np.asarray(ids, dtype=self.dtype), np.array([len(ids)]))
+
+    def extend(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Append several sentences at once: `ids` back to back, `lengths` of each."""
+        self.bin.write(ids.astype(self.dtype, copy=False).tobytes())
+        offsets = self.offset + np.cumsum(lengths, dtype=np.int64)
+        self.idx.write(offsets.tobytes())
+        if len(offsets):
+            self.offset = int(offsets[-1])
 
     def close(self) -> None:
         self.bin.close()

@@ -11,6 +11,7 @@ caches every layer's keys and values (search).
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,50 @@ def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
     return pe.float()
 
 
+class Dropout(nn.Module):
+    """Dropout (§5.4, Srivastava et al. 2014): zero each element with probability p, scale the rest
+    by 1 / (1 - p).
+
+    On CPU the keep mask is drawn as 64-bit random integers, each giving two elements (its low
+    32 and high 31 bits, compared with thresholds), instead of torch's per-element Bernoulli
+    sampler: dropout was 7% of a training step on a 2-core CPU and this halves it. The keep
+    probability is 1 - p to within 2^-31. Elsewhere (CUDA) it is torch's fused kernel.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+        low, high = round(p * 2**32) - 2**31, round(p * 2**31)  # int32 views: low half signed, high half >= 0
+        self.register_buffer("thresholds", torch.tensor(
+            [low, high] if sys.byteorder == "little" else [high, low], dtype=torch.int32), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        bits = torch.empty((x.numel() + 1) // 2, dtype=torch.int64).random_()  # uniform on [0, 2^63)
+        keep = (bits.view(torch.int32).view(-1, 2) >= self.thresholds).view(-1)[: x.numel()].view(x.shape)
+        return Masked.apply(x, keep.to(x.dtype).mul_(1 / (1 - self.p)))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Masked(torch.autograd.Function):
+    """x * mask, where the mask is a constant (no gradient, no autograd bookkeeping for it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, mask: Tensor) -> Tensor:
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
 
@@ -43,7 +88,7 @@ class Embedding(nn.Module):
         if self.learned is None:
             table = positional_encoding(config.max_positions, config.d_model)
             self.register_buffer("sinusoid", table, persistent=False)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         length = tokens.size(1)
@@ -126,7 +171,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(config.d_model, config.d_ff)
         self.w2 = nn.Linear(config.d_ff, config.d_model)
-        self.dropout = nn.Dropout(config.relu_dropout)
+        self.dropout = Dropout(config.relu_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.dropout(F.relu(self.w1(x))))
@@ -142,7 +187,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.pre_norm = config.norm == "pre"
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -242,6 +287,7 @@ class Transformer(nn.Module):
         pre_norm = config.norm == "pre"
         self.encoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
+        self.int8_projection: nn.Module | None = None  # set by quantize_int8
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -273,7 +319,22 @@ class Transformer(nn.Module):
 
     def project(self, x: Tensor) -> Tensor:
         """Pre-softmax linear transformation, tied to the target embedding (§3.4)."""
+        if self.int8_projection is not None:
+            return self.int8_projection(x)
         return F.linear(x, self.tgt_embed.tokens.weight)
+
+    @torch.no_grad()
+    def quantize_int8(self) -> None:
+        """Dynamic int8 quantization for CPU inference, in place: every linear layer, the
+        pre-softmax projection included, keeps int8 weights (one scale per output row) and
+        quantizes its input per call (torch.ao dynamic quantization, fbgemm/x86 kernels). The
+        embeddings stay float32. The model can no longer be trained or saved as a checkpoint."""
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        weight = self.tgt_embed.tokens.weight
+        self.int8_projection = nn.Linear(weight.size(1), weight.size(0), bias=False)
+        self.int8_projection.weight = weight
+        quantize_dynamic(self.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, keep: Tensor | None = None) -> Tensor:
         """Logits for every position of a target prefix (teacher forcing), causally masked.

@@ -10,8 +10,10 @@ Everything is written to a temporary directory that is renamed into place at the
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -25,6 +27,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from nmt_cli import NmtError, __version__
@@ -39,10 +42,10 @@ from nmt_cli.text import (
     learn_joint_bpe,
     subword_counts,
 )
-from nmt_cli.vocab import UNK_ID, Vocabulary
+from nmt_cli.vocab import SPECIALS, UNK_ID, Vocabulary
 
 FORMAT_VERSION = 1
-CHUNK_LINES = 1000
+CHUNK_LINES = 250  # small enough that a 1,000-line test set still keeps every worker busy
 # A training line with more characters than this times --max-len cannot fit in --max-len tokens in
 # practice; it is dropped as too long without running the tokenizer over it (a 1 MB line, say).
 MAX_CHARS_PER_TOKEN = 100
@@ -62,6 +65,7 @@ class PreprocessOptions:
     tgtdict: Path | None = None
     vocab_min_count: int = 1
     vocab_size: int | None = None
+    padding_factor: int = 8
     max_len: int = 250
     max_len_ratio: float = 1.5
     workers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
@@ -132,11 +136,16 @@ def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(text: TextConfig, codes: str | None, src_vocab: list[str] | None,
-                 tgt_vocab: list[str] | None, max_chars: int = 0) -> None:
-    _worker["max_chars"] = max_chars
-    _worker["src"] = TextProcessor(text, text.source_lang, codes)
-    _worker["tgt"] = TextProcessor(text, text.target_lang, codes)
+def _init_worker(text: TextConfig, codes: str | None, src_vocab: list[str] | None = None,
+                 tgt_vocab: list[str] | None = None, max_chars: int = 0, dtype: np.dtype | None = None,
+                 segmenter: TextProcessor | None = None) -> None:
+    """Per-process state. `segmenter`: a processor whose BPE has segmented every training word
+    already (stage 3); workers are forked, so they share its cache instead of each rebuilding it."""
+    _worker.update(max_chars=max_chars, dtype=dtype)
+    _worker["src"] = TextProcessor(text, text.source_lang, None if segmenter else codes)
+    _worker["tgt"] = TextProcessor(text, text.target_lang, None if segmenter else codes)
+    if segmenter is not None:
+        _worker["src"].bpe = _worker["tgt"].bpe = segmenter.bpe
     _worker["src_vocab"] = Vocabulary(src_vocab) if src_vocab is not None else None
     _worker["tgt_vocab"] = Vocabulary(tgt_vocab) if tgt_vocab is not None else None
 
@@ -154,30 +163,87 @@ def _tokenize_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[
     return out
 
 
-def _encode_chunk(pairs: list[tuple[list[str], list[str]]]) -> list[tuple[list[int], list[int]]]:
-    """Words -> BPE -> ids for both sides."""
+@dataclass
+class Packed:
+    """A chunk's ids per side, concatenated, with sentence lengths: the parent only appends bytes."""
+
+    ids: tuple[np.ndarray, np.ndarray]
+    lengths: tuple[np.ndarray, np.ndarray]
+    unknown: tuple[int, int]
+    too_long: int
+
+
+def _binarize_chunk(pairs: list[tuple[str, str]], tokenize: bool, max_len: int | None) -> Packed:
+    """Lines -> (tokenize, unless done already) -> BPE -> ids, packed; pairs over max_len are dropped."""
     src, tgt = _worker["src"], _worker["tgt"]
-    return [(_worker["src_vocab"].encode(src.segment(s)), _worker["tgt_vocab"].encode(tgt.segment(t)))
-            for s, t in pairs]
+    sides: tuple[list[list[int]], list[list[int]]] = ([], [])
+    too_long = 0
+    for s, t in pairs:
+        words = (src.tokenize(s), tgt.tokenize(t)) if tokenize else (s.split(), t.split())
+        s_ids = _worker["src_vocab"].encode(src.segment(words[0]))
+        t_ids = _worker["tgt_vocab"].encode(tgt.segment(words[1]))
+        if max_len is not None and max(len(s_ids), len(t_ids)) > max_len:
+            too_long += 1
+            continue
+        sides[0].append(s_ids)
+        sides[1].append(t_ids)
+    lengths = tuple(np.fromiter(map(len, side), np.int64, len(side)) for side in sides)
+    ids = tuple(np.fromiter(itertools.chain.from_iterable(side), _worker["dtype"], int(n.sum()))
+                for side, n in zip(sides, lengths))
+    unknown = tuple(int((a == UNK_ID).sum()) for a in ids)
+    return Packed(ids, lengths, unknown, too_long)  # type: ignore[arg-type]
 
 
-def _tokenize_and_encode_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    """Valid/test pairs: never dropped, whatever their length."""
-    src, tgt = _worker["src"], _worker["tgt"]
-    return _encode_chunk([(src.tokenize(s), tgt.tokenize(t)) for s, t in pairs])
+@dataclass(frozen=True)
+class LineRange:
+    """`lines` consecutive lines of two aligned files, starting at these byte offsets."""
+
+    src: Path
+    tgt: Path
+    src_offset: int
+    tgt_offset: int
+    lines: int
+
+    def read(self) -> list[tuple[str, str]]:
+        with open(self.src, "rb") as fs, open(self.tgt, "rb") as ft:
+            fs.seek(self.src_offset)
+            ft.seek(self.tgt_offset)
+            return [(fs.readline().decode("utf-8").rstrip("\n"), ft.readline().decode("utf-8").rstrip("\n"))
+                    for _ in range(self.lines)]
 
 
-def parallel_map(fn: Callable, items: Iterable[Any], workers: int, initargs: tuple) -> Iterator[Any]:
-    """`map(fn, items)` in order over `workers` processes, with a bounded number of items in flight."""
-    if workers <= 1:
-        _init_worker(*initargs)
-        yield from map(fn, items)
-        return
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, initargs) as pool:
+def _binarize_range(lines: LineRange, max_len: int) -> Packed:
+    """Tokenized training lines, read by the worker itself (the parent sends only offsets)."""
+    return _binarize_chunk(lines.read(), tokenize=False, max_len=max_len)
+
+
+class Workers:
+    """`workers` processes initialized once with `initargs` (or this process when workers == 1),
+    mapping a function over chunks in order, with a bounded number of chunks in flight."""
+
+    def __init__(self, workers: int, initargs: tuple) -> None:
+        self.workers, self.initargs = workers, initargs
+        self.pool: Any = None
+
+    def __enter__(self) -> Workers:
+        if self.workers > 1:
+            self.pool = multiprocessing.get_context("fork").Pool(self.workers, _init_worker, self.initargs)
+        else:
+            _init_worker(*self.initargs)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+
+    def map(self, fn: Callable, items: Iterable[Any]) -> Iterator[Any]:
+        if self.pool is None:
+            yield from map(fn, items)
+            return
         pending: deque = deque()
         for item in items:
-            pending.append(pool.apply_async(fn, (item,)))
-            if len(pending) >= 4 * workers:
+            pending.append(self.pool.apply_async(fn, (item,)))
+            if len(pending) >= 4 * self.workers:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
@@ -225,16 +291,18 @@ def check_training_left(stats: dict[str, SplitStats], inputs: dict[str, tuple[Pa
 
 
 def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work: Path,
-                   stats: SplitStats) -> tuple[Counter, Counter]:
-    """Stage 1: tokenized, filtered training pairs to `work/train.tok.*`; returns word counts."""
+                   stats: SplitStats) -> tuple[Counter, Counter, list[LineRange]]:
+    """Stage 1: tokenized, filtered training pairs to `work/train.tok.*`; returns word counts and
+    where each chunk of lines starts in the two files (so stage 4's workers read them directly)."""
     src_words: Counter = Counter()
     tgt_words: Counter = Counter()
+    ranges: list[LineRange] = []
     lang_s, lang_t = opts.text.source_lang, opts.text.target_lang
-    with open(work / f"train.tok.{lang_s}", "w", encoding="utf-8") as fs, \
-            open(work / f"train.tok.{lang_t}", "w", encoding="utf-8") as ft:
-        results = parallel_map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES), opts.workers,
-                               (opts.text, None, None, None, MAX_CHARS_PER_TOKEN * opts.max_len))
+    with open(work / f"train.tok.{lang_s}", "wb") as fs, open(work / f"train.tok.{lang_t}", "wb") as ft, \
+            Workers(opts.workers, (opts.text, None, None, None, MAX_CHARS_PER_TOKEN * opts.max_len)) as workers:
+        results = workers.map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
+            start, written = (fs.tell(), ft.tell()), 0
             for pair in chunk:
                 stats.pairs_in += 1
                 if isinstance(pair, str):
@@ -247,35 +315,31 @@ def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work
                     continue
                 src_words.update(s)
                 tgt_words.update(t)
-                fs.write(" ".join(s) + "\n")
-                ft.write(" ".join(t) + "\n")
-    return src_words, tgt_words
+                fs.write((" ".join(s) + "\n").encode("utf-8"))
+                ft.write((" ".join(t) + "\n").encode("utf-8"))
+                written += 1
+            if written:
+                ranges.append(LineRange(work / f"train.tok.{lang_s}", work / f"train.tok.{lang_t}", *start, written))
+    return src_words, tgt_words, ranges
 
 
-def read_tokenized(work: Path, src: str, tgt: str) -> Iterator[tuple[list[str], list[str]]]:
-    for s, t in read_pairs(work / f"train.tok.{src}", work / f"train.tok.{tgt}"):
-        yield s.split(), t.split()
-
-
-def binarize(pairs: Iterable[Any], encode: Callable, opts: PreprocessOptions, initargs: tuple,
-             prefix: Path, dtype: Any, stats: SplitStats, desc: str, filter_long: bool) -> None:
-    """Stage 4 for one split: ids to `prefix.{src,tgt}.bin/.idx`; only training pairs are filtered."""
+def binarize(items: Iterable[Any], encode: Callable[[Any], Packed], workers: Workers, prefix: Path,
+             dtype: np.dtype, stats: SplitStats, desc: str, training: bool, opts: PreprocessOptions) -> None:
+    """Stage 4 for one split: `encode` each item in the workers, append the ids to
+    `prefix.{src,tgt}.bin/.idx` in order. Training pairs were counted in stage 1."""
     src, tgt = opts.text.source_lang, opts.text.target_lang
     writers = {src: ArrayWriter(Path(f"{prefix}.{src}"), dtype), tgt: ArrayWriter(Path(f"{prefix}.{tgt}"), dtype)}
     try:
-        results = parallel_map(encode, chunks(pairs, CHUNK_LINES), opts.workers, initargs)
-        for chunk in tqdm(results, desc=desc, unit="kline", disable=not show_progress(opts)):
-            for ids in chunk:
-                if not filter_long:
-                    stats.pairs_in += 1
-                elif max(len(ids[0]), len(ids[1])) > opts.max_len:
-                    stats.dropped["too_long"] += 1
-                    continue
-                stats.pairs_out += 1
-                for lang, seq in zip((src, tgt), ids):
-                    writers[lang].add(seq)
-                    stats.tokens[lang] += len(seq)
-                    stats.unknown[lang] += seq.count(UNK_ID)
+        for packed in tqdm(workers.map(encode, items), desc=desc, unit="kline", disable=not show_progress(opts)):
+            kept = len(packed.lengths[0])
+            stats.pairs_in += 0 if training else kept
+            stats.pairs_out += kept
+            if packed.too_long:
+                stats.dropped["too_long"] += packed.too_long
+            for lang, ids, lengths, unknown in zip((src, tgt), packed.ids, packed.lengths, packed.unknown):
+                writers[lang].extend(ids, lengths)
+                stats.tokens[lang] += len(ids)
+                stats.unknown[lang] += unknown
     finally:
         for writer in writers.values():
             writer.close()
@@ -339,9 +403,11 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
     stats = {name: SplitStats() for name in inputs}
     timings: dict[str, float] = {}
     word_counts: tuple[Counter, Counter] | None = None
+    train_ranges: list[LineRange] = []
     if "train" in inputs:
         start = time.perf_counter()
-        word_counts = tokenize_train(opts, *inputs["train"], tmp, stats["train"])
+        src_words, tgt_words, train_ranges = tokenize_train(opts, *inputs["train"], tmp, stats["train"])
+        word_counts = (src_words, tgt_words)
         timings["tokenize_train"] = time.perf_counter() - start
         check_training_left(stats, inputs)
 
@@ -357,26 +423,30 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
     timings["learn_bpe"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    src_vocab, tgt_vocab = build_vocabularies(opts, codes, word_counts)
+    segmenter = TextProcessor(opts.text, src, codes)  # joint BPE: one segmenter for both sides
+    src_vocab, tgt_vocab = build_vocabularies(opts, segmenter, word_counts)
     timings["vocabulary"] = time.perf_counter() - start
 
     dtype = token_dtype(max(len(src_vocab), len(tgt_vocab)))
-    initargs = (opts.text, codes, src_vocab.tokens[4:], tgt_vocab.tokens[4:])
-    for name, (src_path, tgt_path) in inputs.items():
-        start = time.perf_counter()
-        if name == "train":
-            pairs: Iterable = read_tokenized(tmp, src, tgt)
-            binarize(pairs, _encode_chunk, opts, initargs, tmp / name, dtype, stats[name], "binarize train", True)
-            for lang in (src, tgt):
-                (tmp / f"train.tok.{lang}").unlink()
-        else:
-            pairs = read_pairs(src_path, tgt_path)
-            binarize(pairs, _tokenize_and_encode_chunk, opts, initargs, tmp / name, dtype, stats[name],
-                     f"binarize {name}", False)
-        stats[name].seconds = time.perf_counter() - start
-        timings[f"binarize_{name}"] = stats[name].seconds
-        if name == "train":
-            check_training_left(stats, inputs)
+    vocabs = (src_vocab.tokens[len(SPECIALS):], tgt_vocab.tokens[len(SPECIALS):])
+    initargs = (opts.text, codes, *vocabs, 0, dtype, segmenter)
+    with Workers(opts.workers, initargs) as workers:
+        for name, (src_path, tgt_path) in inputs.items():
+            start = time.perf_counter()
+            training = name == "train"
+            if training:  # tokenized and filtered in stage 1; only --max-len in BPE tokens is left to check
+                items: Iterable[Any] = train_ranges
+                encode: Callable[[Any], Packed] = functools.partial(_binarize_range, max_len=opts.max_len)
+            else:  # raw, and never filtered
+                items = chunks(read_pairs(src_path, tgt_path), CHUNK_LINES)
+                encode = functools.partial(_binarize_chunk, tokenize=True, max_len=None)
+            binarize(items, encode, workers, tmp / name, dtype, stats[name], f"binarize {name}", training, opts)
+            if training:
+                for lang in (src, tgt):
+                    (tmp / f"train.tok.{lang}").unlink()
+                check_training_left(stats, inputs)
+            stats[name].seconds = time.perf_counter() - start
+            timings[f"binarize_{name}"] = stats[name].seconds
 
     if codes is not None:
         (tmp / "bpe.codes").write_text(codes, encoding="utf-8")
@@ -402,7 +472,7 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
     }
 
 
-def build_vocabularies(opts: PreprocessOptions, codes: str | None,
+def build_vocabularies(opts: PreprocessOptions, segmenter: TextProcessor,
                        word_counts: tuple[Counter, Counter] | None) -> tuple[Vocabulary, Vocabulary]:
     """Stage 3: given dictionaries, or ones built from the training subword counts."""
     if opts.srcdict is not None:
@@ -410,9 +480,8 @@ def build_vocabularies(opts: PreprocessOptions, codes: str | None,
         tgt_vocab = Vocabulary.load(opts.tgtdict) if opts.tgtdict else src_vocab
         return src_vocab, tgt_vocab
     assert word_counts is not None
-    segmenter = TextProcessor(opts.text, opts.text.source_lang, codes)
     src_counts, tgt_counts = (subword_counts(segmenter, counts) for counts in word_counts)
-    limits = {"min_count": opts.vocab_min_count, "max_size": opts.vocab_size}
+    limits = {"min_count": opts.vocab_min_count, "max_size": opts.vocab_size, "padding_factor": opts.padding_factor}
     if opts.joined_dictionary:
         vocab = Vocabulary.build(src_counts + tgt_counts, **limits)
         return vocab, vocab

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.data import pad
 from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, temporary
+from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search
 from nmt_cli.text import TextProcessor, chunks, decode_lines
 from nmt_cli.vocab import BOS_ID, EOS_ID
@@ -44,6 +46,7 @@ class TranslateOptions:
     attention_plot: Path | None = None  # directory for heat maps of every attention, per sentence
     plot_layers: tuple[int, ...] = ()  # 1-based; empty = all
     plot_heads: tuple[int, ...] = ()
+    quantize: str | None = None  # "int8": dynamic int8 linear layers (CPU)
 
 
 class Translator:
@@ -57,7 +60,11 @@ class Translator:
                 raise NmtError("ensemble members must share their vocabularies")
         self.options, self.device, self.dtype = options, device, dtype
         self.bundle = first
-        self.models = Ensemble([b.model.to(device=device, dtype=dtype) for b in bundles])
+        models = [b.model.to(device=device, dtype=dtype) for b in bundles]
+        if options.quantize == "int8":
+            for model in models:
+                quantize_int8(model, device, dtype)
+        self.models = Ensemble(models)
         codes = first.bpe_codes if options.input_format == "raw" else None
         self.source = TextProcessor(first.text, first.text.source_lang, codes)
         self.target = TextProcessor(first.text, first.text.target_lang)
@@ -152,6 +159,19 @@ class Translator:
             record["attention"] = {"layer": layer, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
                                    "weights": [[round(w, 5) for w in row] for row in matrix.tolist()]}
         return record
+
+
+def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) -> None:
+    """`--quantize int8`: see Transformer.quantize_int8; CPU and float32 only."""
+    if device.type != "cpu" or dtype != torch.float32:
+        raise NmtError(f"--quantize int8 runs on the CPU in fp32 (add --device cpu), not on {device.type} "
+                       f"in {str(dtype).removeprefix('torch.')}")
+    try:
+        with warnings.catch_warnings():  # torch >= 2.10 warns that torch.ao moves to torchao
+            warnings.simplefilter("ignore")
+            model.quantize_int8()
+    except (ImportError, RuntimeError) as e:
+        raise NmtError(f"--quantize int8: this PyTorch cannot quantize on this CPU ({e})") from None
 
 
 def translate_stream(translator: Translator, source: IO[bytes], source_name: str, write: Callable[[str], None],

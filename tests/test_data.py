@@ -23,6 +23,17 @@ def test_indexed_array_round_trip_with_empty_sentences(tmp_path):
     assert list(array.lengths) == [3, 0, 1, 2]
 
 
+def test_extend_appends_packed_chunks_like_add(tmp_path):
+    writer = ArrayWriter(tmp_path / "x", np.dtype(np.uint16))
+    writer.extend(np.array([5, 6, 7, 8], dtype=np.int64), np.array([3, 0, 1]))
+    writer.extend(np.array([], dtype=np.int64), np.array([], dtype=np.int64))
+    writer.add([9, 10])
+    writer.extend(np.array([11]), np.array([1]))
+    writer.close()
+    array = IndexedArray(tmp_path / "x", np.dtype(np.uint16))
+    assert [list(array[i]) for i in range(len(array))] == [[5, 6, 7], [], [8], [9, 10], [11]]
+
+
 def test_truncated_array_is_detected(tmp_path):
     write_array(tmp_path / "x", [[5, 6, 7], [8]])
     with open(tmp_path / "x.bin", "r+b") as f:

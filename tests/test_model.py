@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nmt_cli.config import PRESETS
-from nmt_cli.model import Transformer, positional_encoding
+from nmt_cli.model import Dropout, Transformer, positional_encoding
 
 PAD = 0
 TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
@@ -145,3 +145,32 @@ def test_sequence_beyond_max_positions_is_a_clear_error():
 
 def test_pad_embedding_starts_at_zero():
     assert tiny_model().src_embed.tokens.weight[PAD].abs().sum() == 0
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_cpu_dropout_keeps_1_minus_p_in_both_halves_of_each_draw_and_rescales(p):
+    torch.manual_seed(0)
+    n = 1_000_001  # odd: the last 64-bit draw is half used
+    x = torch.ones(n, requires_grad=True)
+    y = Dropout(p).train()(x)
+    kept = y != 0
+    sigma = math.sqrt(p * (1 - p) / (n / 2))
+    for half in (kept[0::2], kept[1::2]):  # low and high bits of the random integers
+        assert abs(half.float().mean().item() - (1 - p)) < 5 * sigma
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    y.backward(torch.full_like(y, 2.0))
+    assert torch.equal(x.grad, torch.where(kept, 2.0 / (1 - p), 0.0))
+    # consecutive elements are independent (not one draw reused)
+    both = (kept[0:-1:2] & kept[1::2]).float().mean().item()
+    assert abs(both - (1 - p) ** 2) < 5 * sigma
+
+
+def test_dropout_is_identity_in_eval_and_seeded_in_training():
+    x = torch.randn(64, 32)
+    drop = Dropout(0.1)
+    assert drop.eval()(x) is x
+    drop.train()
+    torch.manual_seed(3)
+    a = drop(x)
+    torch.manual_seed(3)
+    assert torch.equal(a, drop(x)) and not torch.equal(a, drop(x))

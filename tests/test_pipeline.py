@@ -24,15 +24,16 @@ def test_learns_to_reverse_sequences(tmp_path):
     config = TrainConfig(max_tokens=600, lr_schedule="inverse-sqrt", lr=3e-3, warmup=100, max_updates=700,
                          threads=2, save_interval_minutes=100)
     TrainingRun(data, tmp_path / "ck", model, config, progress_bar=False).run()
-    translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")],
-                            TranslateOptions(SearchConfig(beam=4)), torch.device("cpu"))
     rng = random.Random(12345)
     inputs = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 10))) for _ in range(200)]
-    outputs = translator.translate_lines(inputs)
     expected = [" ".join(reversed(line.split())) for line in inputs]
-    exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
-    bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score
-    assert exact >= 0.9 and bleu >= 90, (exact, bleu)
+    for quantize in (None, "int8"):
+        translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")],
+                                TranslateOptions(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
+        outputs = translator.translate_lines(inputs)
+        exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
+        bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score
+        assert exact >= 0.9 and bleu >= 90, (quantize, exact, bleu)
 
 
 def invoke(*args):

@@ -15,6 +15,7 @@ from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
 from nmt_cli.config import PRESETS, TrainConfig
 from nmt_cli.train import TrainingRun, label_smoothed_loss, learning_rate
+from nmt_cli.vocab import PAD_ID
 
 TINY = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=2, max_positions=64)
 
@@ -63,6 +64,24 @@ def test_label_smoothed_loss_by_hand():
     # Matches PyTorch's own definition of label smoothing (Szegedy et al.).
     torch_loss = F.cross_entropy(logits[0], target[0], label_smoothing=0.1)
     assert loss.item() == pytest.approx(torch_loss.item(), rel=1e-6)
+
+
+def test_label_smoothed_loss_gradient_matches_autograd_of_the_definition():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, dtype=torch.float32, requires_grad=True)
+    target = torch.randint(1, 11, (3, 5))
+    target[2, 3:] = PAD_ID
+    weights = torch.rand(())  # the trainer scales the loss before backward
+    loss, _ = label_smoothed_loss(logits, target, 0.1)
+    (loss * weights).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    lprobs = F.log_softmax(logits, dim=-1)
+    real = (target != PAD_ID).float()
+    by_definition = 0.9 * -lprobs.gather(-1, target[..., None]).squeeze(-1) - 0.1 * lprobs.mean(-1)
+    ((by_definition * real).sum() * weights).backward()
+    assert torch.allclose(ours, logits.grad, atol=1e-6)
+    assert ours[2, 3:].abs().max() == 0  # padding gets no gradient
 
 
 # ---------------------------------------------------------------------------- training runs

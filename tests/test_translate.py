@@ -7,10 +7,11 @@ import torch
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
 
+from nmt_cli import NmtError
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateOptions, Translator
+from nmt_cli.translate import TranslateOptions, Translator, quantize_int8
 
 LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
 
@@ -124,3 +125,29 @@ def test_attention_layer_out_of_range_and_mismatched_ensemble(model_path, tmp_pa
     other = tiny_checkpoint(tmp_path / "other.pt", symbols="abcdefghijklmnoq")
     result = run("-m", model_path, "-m", other, input="a b\n")
     assert result.exit_code == 1 and "ensemble members must share their vocabularies" in result.output
+
+
+def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
+    fp32, int8 = translator(model_path), translator(model_path, quantize="int8")
+    model = int8.models.models[0]
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert isinstance(model.int8_projection, torch.ao.nn.quantized.dynamic.Linear)
+    src = torch.tensor([[5, 6, 7, 8, 2]])
+    tgt = torch.tensor([[1, 9, 10, 11]])
+    with torch.inference_mode():
+        reference = fp32.models.models[0](src, tgt).log_softmax(-1)
+        quantized = model(src, tgt).log_softmax(-1)
+    assert (quantized - reference).abs().max() < 0.1
+    assert not torch.equal(quantized, reference)  # it did change the arithmetic
+    assert len(int8.translate_lines(LINES)) == len(LINES)
+
+
+def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):
+    result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--quantize", "int8", "--device", "cpu",
+                                       "--input-format", "bpe"], input="a b c\nd e\n")
+    assert result.exit_code == 0, result.output
+    assert len(result.output.splitlines()) == 2
+    model = load_bundle(model_path).model
+    for device, dtype in ((torch.device("cuda"), torch.float32), (torch.device("cpu"), torch.bfloat16)):
+        with pytest.raises(NmtError, match="--quantize int8 runs on the CPU in fp32"):
+            quantize_int8(model, device, dtype)

@@ -30,6 +30,16 @@ def test_min_count_and_size_limit():
     assert len(Vocabulary.build(counts, max_size=6)) == 6
 
 
+def test_padding_factor_appends_unused_entries_to_a_multiple():
+    counts = Counter({"a": 5, "madeupword0000": 2, "b": 1})
+    vocab = Vocabulary.build(counts, padding_factor=8)
+    assert len(vocab) == 8
+    assert vocab.tokens[4:] == ["a", "madeupword0000", "b", "madeupword0001"]  # a real token is kept
+    assert vocab.counts[-1] == 0
+    assert len(Vocabulary.build(Counter({"a": 1, "b": 1, "c": 1, "d": 1}), padding_factor=8)) == 8  # none needed
+    assert len(Vocabulary.build(Counter({"a": 1, "b": 1, "c": 1}), padding_factor=1)) == 7
+
+
 def test_file_round_trip(tmp_path):
     vocab = Vocabulary.build(Counter("x y y z z z".split()))
     vocab.save(tmp_path / "dict.txt")

@@ -1,4 +1,4 @@
-"""Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--threads 2]`.
+"""Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--quantize int8]`.
 
 Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
 Translator, timing the translation only (model loading excluded), and prints one JSON line:
@@ -34,10 +34,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quantize", choices=["int8"], default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()
-    options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
+    options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
+                               quantize=args.quantize)
     translator = Translator([load_bundle(args.model)], options, torch.device(args.device))
     start = time.perf_counter()
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
@@ -46,6 +48,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
     result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
+              "quantize": args.quantize,
               "threads": torch.get_num_threads(), "seconds": round(seconds, 2),
               "sentences_per_s": round(len(lines) / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1),
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
