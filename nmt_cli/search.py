@@ -94,10 +94,13 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
         if step >= soonest_limit:  # only EOS where a sentence reaches its maximum length
             at_limit = (limits == step).repeat_interleave(beam)
             lprobs[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS_ID, lprobs[at_limit], -math.inf)
-        n = len(active)
-        candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, -1)
-        top_scores, top = candidates.topk(min(2 * beam, beam * vocab), dim=1)
-        top_beam, top_token = top // vocab, top % vocab
+        n, k = len(active), min(2 * beam, vocab)
+        # The 2*beam best of the beam*vocab candidates of a sentence are among the k best tokens of
+        # each of its beams: add the beam scores to those only (not to every vocabulary entry).
+        row_best = lprobs.topk(k, dim=1)
+        candidates = (scores.unsqueeze(2) + row_best.values.view(n, beam, k)).view(n, -1)
+        top_scores, top = candidates.topk(min(2 * beam, beam * k), dim=1)
+        top_beam, top_token = top // k, row_best.indices.view(n, -1).gather(1, top)
         is_eos = top_token == EOS_ID
 
         # Finished hypotheses: EOS among the top `beam` candidates.
