@@ -379,8 +379,13 @@ class Transformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Logits (batch, vocab) for the next token, given the last tokens (batch,); updates `state`."""
+        return self.project(self.step_output(tokens, state))
+
+    def step_output(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """The decoder's output (batch, d_model) for the next token, before the projection to the
+        vocabulary; updates `state`."""
         x = self.tgt_embed(tokens[:, None], offset=state.step)
         for layer, kv, cache in zip(self.decoder_layers, state.memory_kv, state.caches):
             x = layer(x, kv, state.src_mask, cache)
         state.step += 1
-        return self.project(self.decoder_norm(x))[:, 0]
+        return self.decoder_norm(x)[:, 0]

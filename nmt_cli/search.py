@@ -23,6 +23,8 @@ from torch import Tensor
 from nmt_cli.model import DecoderState, Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+BLOCK_FLOATS = 1 << 22  # 16 MB of float32 log-probabilities per block of rows
+
 
 @dataclass(frozen=True)
 class SearchConfig:
@@ -57,15 +59,36 @@ class Ensemble:
     def __init__(self, models: Sequence[Transformer]) -> None:
         self.models = list(models)
         self.max_positions = min(m.config.max_positions for m in self.models)
+        self.vocab_size = self.models[0].tgt_embed.tokens.weight.size(0)
 
     def start(self, src: Tensor) -> list[DecoderState]:
         return [model.init_state(*model.encode(src)) for model in self.models]
 
-    def log_probs(self, tokens: Tensor, states: list[DecoderState]) -> Tensor:
-        lprobs = [torch.log_softmax(m.decode_step(tokens, s).float(), dim=-1) for m, s in zip(self.models, states)]
-        if len(lprobs) == 1:
-            return lprobs[0]
-        return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+    def top_tokens(self, tokens: Tensor, states: list[DecoderState], k: int, banned: list[int],
+                   eos_only: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Log-probabilities and ids (rows, k) of the k most probable next tokens of each row,
+        never a `banned` one, and only EOS on the rows marked in `eos_only`.
+
+        Rows go through the projection, softmax and top-k in blocks of about BLOCK_FLOATS
+        log-probabilities, so the (rows, vocab) matrix never exists whole: memory stays small
+        with large vocabularies, and each block is still in cache when it is read again.
+        """
+        outputs = [m.step_output(tokens, s) for m, s in zip(self.models, states)]
+        rows = tokens.size(0)
+        block = max(1, BLOCK_FLOATS // self.vocab_size)
+        not_eos = torch.arange(self.vocab_size, device=tokens.device) != EOS_ID
+        values, indices = [], []
+        for start in range(0, rows, block):
+            part = slice(start, start + block)
+            lprobs = [torch.log_softmax(m.project(out[part]).float(), dim=-1) for m, out in zip(self.models, outputs)]
+            lp = lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
+            lp[:, banned] = -math.inf
+            if eos_only is not None:
+                lp.masked_fill_(eos_only[part, None] & not_eos, -math.inf)
+            top = lp.topk(k, dim=1)
+            values.append(top.values)
+            indices.append(top.indices)
+        return torch.cat(values), torch.cat(indices)
 
 
 @torch.inference_mode()
@@ -88,19 +111,15 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
     soonest_limit = min(limit)  # of the active sentences
 
     for step in range(max(limit) + 1):
-        lprobs = models.log_probs(history[:, -1], states)
-        vocab = lprobs.size(-1)
-        lprobs[:, banned] = -math.inf
-        if step >= soonest_limit:  # only EOS where a sentence reaches its maximum length
-            at_limit = (limits == step).repeat_interleave(beam)
-            lprobs[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS_ID, lprobs[at_limit], -math.inf)
-        n, k = len(active), min(2 * beam, vocab)
+        # only EOS where a sentence reaches its maximum length
+        eos_only = (limits == step).repeat_interleave(beam) if step >= soonest_limit else None
         # The 2*beam best of the beam*vocab candidates of a sentence are among the k best tokens of
         # each of its beams: add the beam scores to those only (not to every vocabulary entry).
-        row_best = lprobs.topk(k, dim=1)
-        candidates = (scores.unsqueeze(2) + row_best.values.view(n, beam, k)).view(n, -1)
+        n, k = len(active), min(2 * beam, models.vocab_size)
+        token_lprobs, tokens = models.top_tokens(history[:, -1], states, k, banned, eos_only)
+        candidates = (scores.unsqueeze(2) + token_lprobs.view(n, beam, k)).view(n, -1)
         top_scores, top = candidates.topk(min(2 * beam, beam * k), dim=1)
-        top_beam, top_token = top // k, row_best.indices.view(n, -1).gather(1, top)
+        top_beam, top_token = top // k, tokens.view(n, -1).gather(1, top)
         is_eos = top_token == EOS_ID
 
         # Finished hypotheses: EOS among the top `beam` candidates.

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from nmt_cli import search
 from nmt_cli.config import PRESETS
 from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, SearchConfig, beam_search, length_penalty, max_lengths
@@ -105,6 +106,18 @@ def test_batched_equals_one_by_one():
         alone = beam_search(Ensemble([model]), sources([row], 15), config)[0]
         assert hyps[0].tokens == alone[0].tokens
         assert hyps[0].score == pytest.approx(alone[0].score, abs=1e-4)
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_blocks_of_rows_give_the_same_search(monkeypatch, members):
+    models = Ensemble([random_model(15, seed, scale=3.0) for seed in range(members)])
+    src = sources([[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6]], 15)
+    config = SearchConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=2)
+    whole = beam_search(models, src, config)
+    monkeypatch.setattr(search, "BLOCK_FLOATS", 15 * 5)  # blocks of 5 rows: 12 rows split 5 + 5 + 2
+    blocks = beam_search(models, src, config)
+    assert [[h.tokens for h in hyps] for hyps in whole] == [[h.tokens for h in hyps] for hyps in blocks]
+    assert [h.score for hyps in whole for h in hyps] == pytest.approx([h.score for hyps in blocks for h in hyps])
 
 
 def test_ensemble_of_a_model_with_itself_is_the_model():
