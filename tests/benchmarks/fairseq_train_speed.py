@@ -6,7 +6,8 @@ our `small` preset (3+3 layers, d_model 256, d_ff 1024, 4 heads, all embeddings 
 paper's optimizer and label smoothing, `--max-tokens` 4096 and 2 threads, and prints one JSON line
 in train_speed.py's terms: target tokens/s (fairseq's `wps`, averaged over the logged intervals
 after the first), updates/s and target tokens per update. Run it next to train_speed.py on the
-same DATA_DIR, on an idle machine.
+same DATA_DIR, on an idle machine. Also reported: the seconds fairseq-preprocess takes to
+binarize the exported train and valid BPE text (--workers = threads).
 
 fairseq is not a dependency of nmt-cli. fairseq 0.12.2 on Python 3.11 needs three workarounds
 (install it in a separate virtual environment with torch==2.13.0, cython, "numpy<2" and "pip<24.1"):
@@ -24,6 +25,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,10 +62,12 @@ def main() -> None:
         for split in ("train", "valid"):
             for lang in (src, tgt):
                 export_text(args.data_dir, text, split, lang, vocab, dtype)
+        start = time.perf_counter()
         subprocess.run([args.fairseq_bin / "fairseq-preprocess", "-s", src, "-t", tgt,
                         "--trainpref", text / "train", "--validpref", text / "valid", "--destdir", binary,
                         "--joined-dictionary", "--srcdict", args.data_dir / meta["dictionaries"][src],
                         "--workers", str(args.threads)], check=True, env=env, capture_output=True)
+        binarize_s = time.perf_counter() - start
         log = subprocess.run([
             args.fairseq_bin / "fairseq-train", binary, "--cpu", "--arch", "transformer",
             "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
@@ -85,6 +89,7 @@ def main() -> None:
         "threads": args.threads, "updates": args.updates, "intervals": len(timed),
         "target_tokens_per_s": round(wps, 1), "updates_per_s": round(ups, 3),
         "target_tokens_per_update": round(wps / ups),
+        "fairseq_preprocess_train_valid_s": round(binarize_s, 2),
     }))
 
 
