@@ -134,13 +134,15 @@ def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
 # ---------------------------------------------------------------------------- workers
 
 _worker: dict[str, Any] = {}
+WARM_UP_LINE = 'A "warm-up" line: 1,000 words (and more) - it\'s here.'
 
 
 def _init_worker(text: TextConfig, codes: str | None, src_vocab: list[str] | None = None,
                  tgt_vocab: list[str] | None = None, max_chars: int = 0, dtype: np.dtype | None = None,
                  segmenter: TextProcessor | None = None) -> None:
-    """Per-process state. `segmenter`: a processor whose BPE has segmented every training word
-    already (stage 3); workers are forked, so they share its cache instead of each rebuilding it."""
+    """The state of a stage's workers, built in the parent and inherited by the forked workers.
+    `segmenter`: a processor whose BPE has segmented every training word already (stage 3), so
+    that the workers share its cache instead of each rebuilding it."""
     _worker.update(max_chars=max_chars, dtype=dtype)
     _worker["src"] = TextProcessor(text, text.source_lang, None if segmenter else codes)
     _worker["tgt"] = TextProcessor(text, text.target_lang, None if segmenter else codes)
@@ -148,6 +150,8 @@ def _init_worker(text: TextConfig, codes: str | None, src_vocab: list[str] | Non
         _worker["src"].bpe = _worker["tgt"].bpe = segmenter.bpe
     _worker["src_vocab"] = Vocabulary(src_vocab) if src_vocab is not None else None
     _worker["tgt_vocab"] = Vocabulary(tgt_vocab) if tgt_vocab is not None else None
+    for processor in (_worker["src"], _worker["tgt"]):  # compile the tokenizer's regexes before forking
+        processor.tokenize(WARM_UP_LINE)
 
 
 def _tokenize_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[str]] | str]:
@@ -226,10 +230,9 @@ class Workers:
         self.pool: Any = None
 
     def __enter__(self) -> Workers:
+        _init_worker(*self.initargs)  # in this process; forked workers inherit it, caches included
         if self.workers > 1:
-            self.pool = multiprocessing.get_context("fork").Pool(self.workers, _init_worker, self.initargs)
-        else:
-            _init_worker(*self.initargs)
+            self.pool = multiprocessing.get_context("fork").Pool(self.workers)
         return self
 
     def __exit__(self, *exc: object) -> None:
