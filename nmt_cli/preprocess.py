@@ -191,11 +191,16 @@ def _binarize_chunk(pairs: list[tuple[str, str]], tokenize: bool, max_len: int |
             continue
         sides[0].append(s_ids)
         sides[1].append(t_ids)
-    lengths = tuple(np.fromiter(map(len, side), np.int64, len(side)) for side in sides)
-    ids = tuple(np.fromiter(itertools.chain.from_iterable(side), _worker["dtype"], int(n.sum()))
-                for side, n in zip(sides, lengths))
-    unknown = tuple(int((a == UNK_ID).sum()) for a in ids)
-    return Packed(ids, lengths, unknown, too_long)  # type: ignore[arg-type]
+    (src_ids, src_lengths), (tgt_ids, tgt_lengths) = _pack(sides[0]), _pack(sides[1])
+    return Packed((src_ids, tgt_ids), (src_lengths, tgt_lengths),
+                  (int((src_ids == UNK_ID).sum()), int((tgt_ids == UNK_ID).sum())), too_long)
+
+
+def _pack(sentences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids back to back (in the data's dtype) and the length of each sentence."""
+    lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
+    ids = np.fromiter(itertools.chain.from_iterable(sentences), _worker["dtype"], int(lengths.sum()))
+    return ids, lengths
 
 
 @dataclass(frozen=True)

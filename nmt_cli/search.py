@@ -59,7 +59,9 @@ class Ensemble:
     def __init__(self, models: Sequence[Transformer]) -> None:
         self.models = list(models)
         self.max_positions = min(m.config.max_positions for m in self.models)
-        self.vocab_size = self.models[0].tgt_embed.tokens.weight.size(0)
+        weight = self.models[0].tgt_embed.tokens.weight
+        self.vocab_size = weight.size(0)
+        self.not_eos = torch.arange(self.vocab_size, device=weight.device) != EOS_ID
 
     def start(self, src: Tensor) -> list[DecoderState]:
         return [model.init_state(*model.encode(src)) for model in self.models]
@@ -76,7 +78,6 @@ class Ensemble:
         outputs = [m.step_output(tokens, s) for m, s in zip(self.models, states)]
         rows = tokens.size(0)
         block = max(1, BLOCK_FLOATS // self.vocab_size)
-        not_eos = torch.arange(self.vocab_size, device=tokens.device) != EOS_ID
         values, indices = [], []
         for start in range(0, rows, block):
             part = slice(start, start + block)
@@ -84,7 +85,7 @@ class Ensemble:
             lp = lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
             lp[:, banned] = -math.inf
             if eos_only is not None:
-                lp.masked_fill_(eos_only[part, None] & not_eos, -math.inf)
+                lp.masked_fill_(eos_only[part, None] & self.not_eos, -math.inf)
             top = lp.topk(k, dim=1)
             values.append(top.values)
             indices.append(top.indices)

@@ -200,7 +200,7 @@ class Trainer:
                 loss, nll, tokens = self.loss(self.net, data, indices, pad_multiple)
                 self.scaler.scale(loss * weight).backward()
             totals += torch.stack([loss.detach(), nll.detach(), tokens]).double()
-        loss_sum = totals[0].item()  # one host-device sync per update
+        loss_sum, nll_sum, tokens = totals.tolist()  # one host-device sync per update
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
             return None
@@ -214,7 +214,7 @@ class Trainer:
         loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.scaler.update()  # fp16: halves the scale (and skipped the step) on overflow, grows it when stable
         self.optimizer.zero_grad(set_to_none=True)
-        stats = {"loss": loss_sum, "nll": totals[1].item(), "tokens": totals[2].item(), "lr": lr}
+        stats = {"loss": loss_sum, "nll": nll_sum, "tokens": tokens, "lr": lr}
         if self.scaler.is_enabled() and self.scaler.get_scale() != loss_scale:
             stats["loss_scale"] = (loss_scale, self.scaler.get_scale())
         return stats

@@ -316,3 +316,21 @@ def test_data_directory_errors(tmp_path):
     (data / "meta.json").write_text(json.dumps({**meta, "format_version": 7}))
     with pytest.raises(NmtError, match="data format version 7"):
         run_training(data, tmp_path / "ck", max_updates=1)
+
+
+def test_adam_is_fused_where_torch_can_and_unfused_where_it_cannot(monkeypatch):
+    from nmt_cli.model import Transformer
+    from nmt_cli.train import Runtime, Trainer
+
+    model = Transformer(LEARNER, 20, 20, PAD_ID, True)
+    runtime = Runtime(torch.device("cpu"), torch.float32)
+    assert Trainer(model, TrainConfig(), runtime).optimizer.defaults["fused"]
+    real_adam = torch.optim.Adam
+
+    def old_torch_adam(params, fused=None, **options):  # torch < 2.4: fused Adam is CUDA-only
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real_adam(params, **options)
+
+    monkeypatch.setattr(torch.optim, "Adam", old_torch_adam)
+    assert not Trainer(model, TrainConfig(), runtime).optimizer.defaults["fused"]

@@ -151,3 +151,14 @@ def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):
     for device, dtype in ((torch.device("cuda"), torch.float32), (torch.device("cpu"), torch.bfloat16)):
         with pytest.raises(NmtError, match="--quantize int8 runs on the CPU in fp32"):
             quantize_int8(model, device, dtype)
+
+
+def test_quantize_int8_failure_of_torch_is_a_clear_error(model_path, monkeypatch):
+    model = load_bundle(model_path).model
+
+    def unavailable():
+        raise ImportError("No module named 'torch.ao.quantization'")
+
+    monkeypatch.setattr(model, "quantize_int8", unavailable)
+    with pytest.raises(NmtError, match=r"--quantize int8: this PyTorch cannot quantize on this CPU \(No module"):
+        quantize_int8(model, torch.device("cpu"), torch.float32)

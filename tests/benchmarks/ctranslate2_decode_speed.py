@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -25,14 +24,13 @@ import ctranslate2
 import numpy as np
 import sacrebleu
 import torch
+from common import SHARED, reference_log_probs
 from ctranslate2.specs import transformer_spec
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.model import MultiHeadAttention, SublayerConnection, Transformer
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import TranslateOptions, Translator
-
-SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
 def linear(spec, module: torch.nn.Linear) -> None:
@@ -103,24 +101,20 @@ def main() -> None:
     ours = Translator([bundle], TranslateOptions(SearchConfig(beam=args.beam)), torch.device("cpu"))
     lines = args.input.read_text(encoding="utf-8").splitlines()
     refs = args.ref.read_text(encoding="utf-8").splitlines()
-    sources = [bundle.src_vocab.decode(ours.encode(line, i + 1)) for i, line in enumerate(lines)]
+    sources = [ours.encode(line, i + 1) for i, line in enumerate(lines)]
+    source_tokens = [bundle.src_vocab.decode(s) for s in sources]
+    references = reference_log_probs(bundle, ours, sources[:50], refs[:50])
     with tempfile.TemporaryDirectory() as work:
         convert(bundle, Path(work) / "ct2")
         translator = ctranslate2.Translator(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
                                             intra_threads=args.threads, inter_threads=1)
-        # same model? score the BPE'd references with both (teacher forcing, no search)
-        targets = [ours.target.encode(ref) for ref in refs[:50]]
-        ct2_scores = [r.log_probs for r in translator.score_batch(sources[:50], targets)]
-        with torch.inference_mode():
-            diffs = []
-            for src, tgt, theirs in zip(sources[:50], targets, ct2_scores):
-                s = torch.tensor([bundle.src_vocab.encode(src) + [2]])
-                t = bundle.tgt_vocab.encode(tgt) + [2]
-                lp = bundle.model(s, torch.tensor([[1] + t[:-1]])).log_softmax(-1)[0]
-                mine = lp.gather(-1, torch.tensor(t)[:, None]).squeeze(-1).numpy()
-                diffs.append(float(np.abs(mine - np.array(theirs)).max()))
+        # same model? score the references with CTranslate2 too (it adds the EOS itself)
+        targets = [bundle.tgt_vocab.decode(target[:-1]) for target, _ in references]
+        scores = translator.score_batch(source_tokens[:50], targets)
+        diffs = [float(np.abs(mine - np.array(theirs.log_probs)).max())
+                 for (_, mine), theirs in zip(references, scores)]
         start = time.perf_counter()
-        results = translator.translate_batch(sources, beam_size=args.beam, length_penalty=args.lenpen,
+        results = translator.translate_batch(source_tokens, beam_size=args.beam, length_penalty=args.lenpen,
                                              max_batch_size=8000, batch_type="tokens",
                                              max_decoding_length=256)
         seconds = time.perf_counter() - start

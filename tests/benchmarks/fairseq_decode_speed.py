@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import sacrebleu
 import torch
+from common import SHARED, reference_log_probs
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
@@ -31,8 +32,6 @@ from fairseq.sequence_generator import SequenceGenerator
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import TranslateOptions, Translator
-
-SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
 def fairseq_rows(weight: torch.Tensor, start_row: int | None = None) -> torch.Tensor:
@@ -101,17 +100,6 @@ def copy_ffn(theirs, ffn, norm: torch.nn.LayerNorm) -> None:
     copy_norm(theirs.final_layer_norm, norm)
 
 
-def batches(sources: list[list[int]], max_tokens: int) -> list[list[int]]:
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    out, current = [], []
-    for i in order:
-        if current and (len(current) + 1) * (len(sources[i]) + 1) > max_tokens:
-            out.append(current)
-            current = []
-        current.append(i)
-    return out + [current]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-m", "--model", type=Path, required=True)
@@ -124,28 +112,27 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = load_bundle(args.model)
-    ours = Translator([bundle], TranslateOptions(SearchConfig(beam=args.beam)), torch.device("cpu"))
+    ours = Translator([bundle], TranslateOptions(SearchConfig(beam=args.beam), max_tokens=args.max_tokens),
+                      torch.device("cpu"))
     model, vocab = to_fairseq(bundle)
     lines = args.input.read_text(encoding="utf-8").splitlines()
     refs = args.ref.read_text(encoding="utf-8").splitlines()
     sources = [ours.encode(line, i + 1) for i, line in enumerate(lines)]
 
-    diffs = []  # same model? score references with both (teacher forcing, no search)
+    diffs = []  # same model? score the references with fairseq too (ids >= 2 are the same in both)
     with torch.inference_mode():
-        for src, ref in zip(sources[:50], refs[:50]):
-            tgt = bundle.tgt_vocab.encode(ours.target.encode(ref)) + [2]
-            s = torch.tensor([src + [2]])
-            mine = bundle.model(s, torch.tensor([[1] + tgt[:-1]])).log_softmax(-1)[0]
-            theirs = model(s, torch.tensor([len(src) + 1]), torch.tensor([[2] + tgt[:-1]]))[0].log_softmax(-1)[0]
-            index = torch.tensor(tgt)[:, None]
-            fairseq_index = torch.tensor([{0: 1, 1: 0}.get(t, t) for t in tgt])[:, None]
-            diffs.append(float((mine.gather(-1, index) - theirs.gather(-1, fairseq_index)).abs().max()))
+        for source, (target, mine) in zip(sources, reference_log_probs(bundle, ours, sources[:50], refs[:50])):
+            prev = torch.tensor([[vocab.eos()] + target[:-1]])
+            theirs = model(torch.tensor([source + [vocab.eos()]]), torch.tensor([len(source) + 1]), prev)[0]
+            theirs = theirs.log_softmax(-1)[0].gather(-1, torch.tensor(target)[:, None]).squeeze(-1).numpy()
+            diffs.append(float(np.abs(mine - theirs).max()))
 
     generator = SequenceGenerator([model], vocab, beam_size=args.beam, len_penalty=args.lenpen,
                                   max_len_a=1, max_len_b=50)
     hyps: dict[int, list[int]] = {}
     start = time.perf_counter()
-    for batch in batches(sources, args.max_tokens):
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    for batch in ours.batches(order, sources):  # fairseq-generate's batching: by length, max_tokens
         longest = max(len(sources[i]) for i in batch) + 1
         src_tokens = torch.full((len(batch), longest), vocab.pad(), dtype=torch.long)
         for row, i in enumerate(batch):  # left-padded, as fairseq's LanguagePairDataset does
