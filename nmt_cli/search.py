@@ -1,9 +1,10 @@
 """Beam search over the incremental decoder (§6.1: beam 4, length penalty alpha 0.6, max output
 length = input length + 50, early stopping).
 
-Batched: the encoder runs once per batch and its keys/values are expanded to the beams by index;
-sentences leave the batch as soon as they are done. A hypothesis's score is its log-probability
-divided by the GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting the EOS.
+Batched: the encoder runs once per batch, and a sentence's beams share its encoder keys/values
+(they are never copied per beam); sentences leave the batch as soon as they are done. A
+hypothesis's score is its log-probability divided by the GNMT length penalty
+lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting the EOS.
 
 A sentence is done when (a) `beam` hypotheses have finished (an EOS among the top `beam`
 candidates of a step), or (b) `nbest` have finished and no live hypothesis can still beat the
@@ -14,7 +15,7 @@ the maximum length is reached. With beam 1 this is greedy decoding.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,11 +54,42 @@ def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -
     return (config.max_len_a * src_lengths + config.max_len_b).long().clamp(1, max_positions - 1)
 
 
+class PackedProjection:
+    """x W^T with W reordered once into oneDNN's blocked layout, for CPU inference in float32.
+
+    F.linear hands MKL the plain weight, which it repacks at every call. For the pre-softmax
+    projection (the largest matrix, used at every step of the search) packing it once per
+    search made decoding 10-15% faster on a 2-core CPU. The packed copy does not follow later
+    changes to the weight, so it lives with an Ensemble, never in the model. It uses the oneDNN
+    ops of torch.compile's CPU backend; RuntimeError or AttributeError where PyTorch has none.
+    """
+
+    def __init__(self, weight: Tensor) -> None:
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            raise RuntimeError("packed projections are for float32 on the CPU")
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self(weight[:1].detach())  # a missing kernel fails here, not in the middle of a search
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+
+def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
+    """The model's pre-softmax projection as a search should run it: packed where it can be."""
+    if model.int8_projection is None:
+        try:
+            return PackedProjection(model.tgt_embed.tokens.weight)
+        except (RuntimeError, AttributeError):
+            pass
+    return model.project
+
+
 class Ensemble:
     """One or more models decoding together; their probabilities are averaged (in log space) each step."""
 
     def __init__(self, models: Sequence[Transformer]) -> None:
         self.models = list(models)
+        self.projections = [search_projection(m) for m in self.models]
         self.max_positions = min(m.config.max_positions for m in self.models)
         weight = self.models[0].tgt_embed.tokens.weight
         self.vocab_size = weight.size(0)
@@ -81,7 +113,8 @@ class Ensemble:
         values, indices = [], []
         for start in range(0, rows, block):
             part = slice(start, start + block)
-            lprobs = [torch.log_softmax(m.project(out[part]).float(), dim=-1) for m, out in zip(self.models, outputs)]
+            lprobs = [torch.log_softmax(project(out[part]).float(), dim=-1)
+                      for project, out in zip(self.projections, outputs)]
             lp = lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
             lp[:, banned] = -math.inf
             if eos_only is not None:
@@ -99,10 +132,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
     src_lengths = (src != PAD_ID).sum(1) - 1  # without EOS
     limits = max_lengths(src_lengths, config, models.max_positions)  # of the active sentences
     limit = limits.tolist()
-    states = models.start(src)
-    expand = torch.arange(batch, device=device).repeat_interleave(beam)
-    for state in states:
-        state.reorder(expand)
+    states = models.start(src)  # one encoder row per sentence, shared by its `beam` decoder rows
     active = list(range(batch))  # sentence ids of the rows still decoding, in row order
     scores = torch.zeros(batch, beam, device=device)
     scores[:, 1:] = -math.inf  # all beams start identical: expand the first only
@@ -142,15 +172,15 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
         keep = [r for r, s in enumerate(active) if not _done(finished[s], best_live[r], step, limit[s], config)]
         if not keep:
             break
-        shrink = len(keep) < n
-        if shrink:
+        index = None
+        if len(keep) < n:
             index = torch.tensor(keep, device=device)
             scores, limits, active = scores[index], limits[index], [active[r] for r in keep]
             soonest_limit = min(limit[s] for s in active)
             origin = origin.view(n, beam)[index].view(-1)
             history = history.view(n, beam, -1)[index].view(len(keep) * beam, -1)
         for state in states:
-            state.reorder(origin, beams_only=not shrink)
+            state.reorder(origin, index)
 
     return [sorted(hyps, key=lambda h: -h.score)[: config.nbest] for hyps in finished]
 

@@ -80,9 +80,32 @@ def test_cache_reorder_follows_beams():
     for i in range(3):
         model.decode_step(tgt[:, i], state)
     order = torch.tensor([2, 0, 0])
-    state.reorder(order)
+    state.reorder(order, sentences=order)
     steps = torch.stack([model.decode_step(tgt[order, i], state) for i in range(3, 6)], dim=1)
     full = model(src[order], tgt[order])[:, 3:]
+    assert (steps - full).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("inference", [False, True])  # the cache copies differ with and without autograd
+def test_beams_share_their_sentence_encoder_output_and_follow_reorders(inference):
+    """Decoder rows grouped by sentence (3 beams each) read one encoder row per sentence; a
+    reorder among beams, then one dropping a sentence, give what a full forward of the same
+    rows gives."""
+    model = tiny_model()
+    src = torch.cat([random_tokens(2, 7)[:, :6], torch.full((2, 1), PAD)], 1)
+    src[1] = random_tokens(1, 7)
+    tgt = random_tokens(6, 6)  # rows 0-2: sentence 0, rows 3-5: sentence 1
+    full = model(src[[1, 1, 1]], tgt[[5, 3, 3]])[:, 3:]
+    with torch.inference_mode(inference):
+        state = model.init_state(*model.encode(src))
+        for i in range(2):
+            model.decode_step(tgt[:, i], state)
+        beams = torch.tensor([1, 1, 0, 5, 3, 3])
+        state.reorder(beams)
+        model.decode_step(tgt[beams, 2], state)
+        state.reorder(torch.tensor([3, 4, 5]), sentences=torch.tensor([1]))  # sentence 0 is done
+        rows = beams[3:]
+        steps = torch.stack([model.decode_step(tgt[rows, i], state) for i in range(3, 6)], dim=1)
     assert (steps - full).abs().max().item() < 1e-5
 
 

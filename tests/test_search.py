@@ -139,13 +139,41 @@ def test_ensemble_differs_from_its_members():
     assert ensemble != pytest.approx(beam_search(Ensemble([a]), src, config)[0][0].score, abs=1e-4)
 
 
-def test_unknown_token_only_when_allowed():
+def test_unknown_token_only_when_allowed(monkeypatch):
     model = random_model(8, 0)
-    project, bias = model.project, torch.zeros(8)
+    bias = torch.zeros(8)
     bias[UNK_ID] = 20.0  # make <unk> by far the likeliest token
-    model.project = lambda x: project(x) + bias
+    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.project(x) + bias)
     src = sources([[4, 5, 6, 7]], 8)
     config = SearchConfig(beam=2, max_len_a=0, max_len_b=5)
     assert UNK_ID not in beam_search(Ensemble([model]), src, config)[0][0].tokens
     allowed = SearchConfig(beam=2, max_len_a=0, max_len_b=5, allow_unk=True)
     assert UNK_ID in beam_search(Ensemble([model]), src, allowed)[0][0].tokens
+
+
+def test_packed_projection_matches_the_model_and_leaves_it_alone():
+    model = random_model(50, 3, scale=4.0)
+    ensemble = Ensemble([model])
+    if torch.backends.mkldnn.is_available():  # x86 builds of PyTorch (this project's CI) have oneDNN
+        assert isinstance(ensemble.projections[0], search.PackedProjection)
+    assert model.int8_projection is None and "project" not in vars(model)  # the model is not changed
+    x = torch.randn(37, 32)
+    with torch.inference_mode():
+        assert torch.allclose(ensemble.projections[0](x), model.project(x), atol=1e-5)
+
+
+def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypatch):
+    model = random_model(50, 4, scale=4.0)
+    src = sources([[5, 6, 7], [8, 9, 10, 11, 12]], 50)
+    config = SearchConfig(beam=3, max_len_a=0, max_len_b=8)
+    packed = beam_search(Ensemble([model]), src, config)
+
+    def unavailable(weight):
+        raise AttributeError("'_OpNamespace' 'mkldnn' object has no attribute '_reorder_linear_weight'")
+
+    monkeypatch.setattr(search, "PackedProjection", unavailable)
+    ensemble = Ensemble([model])
+    assert ensemble.projections[0] == model.project
+    plain = beam_search(ensemble, src, config)
+    assert [[h.tokens for h in hyps] for hyps in plain] == [[h.tokens for h in hyps] for hyps in packed]
+    assert [hyps[0].score for hyps in plain] == pytest.approx([hyps[0].score for hyps in packed], abs=1e-4)

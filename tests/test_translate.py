@@ -132,6 +132,7 @@ def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
     model = int8.models.models[0]
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     assert isinstance(model.int8_projection, torch.ao.nn.quantized.dynamic.Linear)
+    assert int8.models.projections[0] == model.project  # the search projects in int8 too
     src = torch.tensor([[5, 6, 7, 8, 2]])
     tgt = torch.tensor([[1, 9, 10, 11]])
     with torch.inference_mode():
