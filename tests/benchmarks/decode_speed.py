@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from nmt_cli.checkpoint import load_bundle
+from nmt_cli.device import keep_freed_memory
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import TranslateOptions, Translator
 
@@ -37,6 +38,8 @@ def main() -> None:
     parser.add_argument("--quantize", choices=["int8"], default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        keep_freed_memory()  # as `nmt translate` does
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize)
