@@ -3,7 +3,7 @@
 Stages, each streamed (memory does not grow with the corpus, only with its word vocabulary):
 1. read + tokenize the training pairs (workers), drop unusable pairs, count words;
 2. learn joint BPE codes from the word counts (subword-nmt, one process);
-3. build the vocabulary from subword counts (each distinct word segmented once);
+3. segment each distinct training word once (workers), build the vocabulary from subword counts;
 4. apply BPE and binarize every split (workers). Only the training split is filtered.
 Everything is written to a temporary directory that is renamed into place at the end.
 """
@@ -46,6 +46,7 @@ from nmt_cli.vocab import SPECIALS, UNK_ID, Vocabulary
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 250  # small enough that a 1,000-line test set still keeps every worker busy
+CHUNK_WORDS = 2000
 # A training line with more characters than this times --max-len cannot fit in --max-len tokens in
 # practice; it is dropped as too long without running the tokenizer over it (a 1 MB line, say).
 MAX_CHARS_PER_TOKEN = 100
@@ -165,6 +166,10 @@ def _tokenize_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[
         else:
             out.append((_worker["src"].tokenize(s), _worker["tgt"].tokenize(t)))
     return out
+
+
+def _segment_words(words: list[str]) -> dict[str, tuple[str, ...]]:
+    return _worker["src"].segmentations(words)
 
 
 @dataclass
@@ -432,6 +437,8 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
 
     start = time.perf_counter()
     segmenter = TextProcessor(opts.text, src, codes)  # joint BPE: one segmenter for both sides
+    if codes is not None and word_counts is not None and opts.workers > 1:
+        segment_training_words(opts, segmenter, codes, word_counts)
     src_vocab, tgt_vocab = build_vocabularies(opts, segmenter, word_counts)
     timings["vocabulary"] = time.perf_counter() - start
 
@@ -478,6 +485,16 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
         "timings": {k: round(v, 3) for k, v in timings.items()},
         "checksums": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
     }
+
+
+def segment_training_words(opts: PreprocessOptions, segmenter: TextProcessor, codes: str,
+                           word_counts: tuple[Counter, Counter]) -> None:
+    """Stage 3's BPE in the workers: each distinct training word is segmented once, and the
+    results fill `segmenter`'s cache (the vocabulary counts and stage 4's workers read it)."""
+    words = list((word_counts[0] | word_counts[1]).keys())
+    with Workers(opts.workers, (opts.text, codes)) as workers:
+        for segmentations in workers.map(_segment_words, chunks(words, CHUNK_WORDS)):
+            segmenter.adopt(segmentations)
 
 
 def build_vocabularies(opts: PreprocessOptions, segmenter: TextProcessor,

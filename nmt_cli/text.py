@@ -77,6 +77,18 @@ class TextProcessor:
     def encode(self, line: str) -> list[str]:
         return self.segment(self.tokenize(line))
 
+    def segmentations(self, words: list[str]) -> dict[str, tuple[str, ...]]:
+        """Segment `words` and return subword-nmt's cache entries for them, which a processor
+        with the same codes can `adopt` (one-character words are not cached: nothing to do)."""
+        assert self.bpe is not None
+        self.bpe.segment_tokens(words)
+        return {word: self.bpe.cache[word] for word in words if word in self.bpe.cache}
+
+    def adopt(self, segmentations: dict[str, tuple[str, ...]]) -> None:
+        """Take segmentations made elsewhere (`segmentations` of a worker) into this BPE's cache."""
+        assert self.bpe is not None
+        self.bpe.cache.update(segmentations)
+
     def decode(self, tokens: list[str]) -> str:
         """Subword tokens -> text: BPE joined back, then Moses detokenization."""
         words = " ".join(tokens).replace(BPE_SEPARATOR + " ", "").removesuffix(BPE_SEPARATOR).split()

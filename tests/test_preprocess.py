@@ -2,6 +2,8 @@
 
 import gzip
 import json
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from conftest import head, write_lines
 
 from nmt_cli.cli import main
 from nmt_cli.data import IndexedArray
-from nmt_cli.text import TextConfig, TextProcessor
+from nmt_cli.text import TextConfig, TextProcessor, learn_joint_bpe
 from nmt_cli.vocab import Vocabulary
 
 TRAIN_EN = ["the red cat", "a dog", "", " ".join(["word"] * 25), "cats sit on mats",
@@ -235,3 +237,19 @@ def test_reuse_for_another_language_pair_is_refused(tmp_path):
     result = run("preprocess", "-s", "de", "-t", "en", "--testpref", tmp_path / "train", "--destdir", tmp_path / "x",
                  "--from-data", tmp_path / "out")
     assert result.exit_code == 1 and "prepared for en-de, not de-en" in result.output
+
+
+def test_workers_segment_every_training_word_for_the_vocabulary(multi30k):
+    import nmt_cli.preprocess as pp
+
+    config = TextConfig("en", "de")
+    plain = TextProcessor(config, "en")
+    counts = tuple(Counter(w for line in head(multi30k / f"train.{lang}", 300) for w in plain.tokenize(line))
+                   for lang in ("en", "de"))
+    codes = learn_joint_bpe(counts[0] + counts[1], 200)
+    segmenter, reference = TextProcessor(config, "en", codes), TextProcessor(config, "en", codes)
+    opts = pp.PreprocessOptions(config, Path("unused"), workers=2, progress=False)
+    pp.segment_training_words(opts, segmenter, codes, counts)
+    words = [w for w in counts[0] | counts[1] if len(w) > 1]
+    assert all(w in segmenter.bpe.cache for w in words)  # filled by the workers: this process segmented nothing
+    assert segmenter.segment(words) == reference.segment(words)

@@ -56,3 +56,17 @@ def test_lowercase_and_dash_splits():
 def test_bpe_removal_joins_subwords():
     processor = TextProcessor(TextConfig("en", "de"), "en")
     assert processor.decode(["Bu@@", "shes", "are", "gre@@", "en@@"]) == "Bushes are green"
+
+
+def test_segmentations_made_by_one_processor_are_adopted_by_another(multi30k):
+    config = TextConfig("en", "de")
+    plain = TextProcessor(config, "en")
+    words = sorted({w for line in head(multi30k / "train.en", 300) for w in plain.tokenize(line)})
+    codes = learn_joint_bpe(Counter(words), 200)
+    worker, parent = TextProcessor(config, "en", codes), TextProcessor(config, "en", codes)
+    made = worker.segmentations(words)
+    assert set(made) == {w for w in words if len(w) > 1}
+    parent.adopt(made)
+    assert parent.segment(words) == worker.segment(words)
+    parent.adopt({"dog": ("d", "og")})  # what is adopted is what segment() returns
+    assert parent.segment(["dog", "a"]) == ["d@@", "og", "a"]
