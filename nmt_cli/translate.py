@@ -177,12 +177,14 @@ def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) 
 
 def translate_stream(translator: Translator, source: IO[bytes], source_name: str, write: Callable[[str], None],
                      progress: bool = False) -> int:
-    """Translate every line of `source` and `write` each output line; returns the line count."""
+    """Translate every line of `source` and `write` each output line; returns the line count.
+    Typed at a terminal, each line is translated as soon as it is entered."""
     from tqdm import tqdm
 
     count = 0
+    size = 1 if source.isatty() else CHUNK_LINES
     with tqdm(unit="line", disable=not (progress and sys.stderr.isatty()), file=sys.stderr) as bar:
-        for chunk in chunks(decode_lines(source, source_name), CHUNK_LINES):
+        for chunk in chunks(decode_lines(source, source_name), size):
             for line in translator.translate_lines(chunk, count + 1):
                 write(line + "\n")
             count += len(chunk)

@@ -1,5 +1,6 @@
 """`nmt translate`: one line out per line in, order kept, long and empty lines, formats, atomic output."""
 
+import io
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from nmt_cli import NmtError
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateOptions, Translator, quantize_int8
+from nmt_cli.translate import TranslateOptions, Translator, quantize_int8, translate_stream
 
 LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
 
@@ -163,3 +164,19 @@ def test_quantize_int8_failure_of_torch_is_a_clear_error(model_path, monkeypatch
     monkeypatch.setattr(model, "quantize_int8", unavailable)
     with pytest.raises(NmtError, match=r"--quantize int8: this PyTorch cannot quantize on this CPU \(No module"):
         quantize_int8(model, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_lines_typed_at_a_terminal_are_translated_one_at_a_time(model_path, terminal):
+    class Source(io.BytesIO):
+        def isatty(self) -> bool:
+            return terminal
+
+    model = translator(model_path, input_format="bpe")
+    chunks = []
+    translate_lines = model.translate_lines
+    model.translate_lines = lambda lines, first: chunks.append(len(lines)) or translate_lines(lines, first)
+    out = []
+    assert translate_stream(model, Source(b"a b\nc d\ne\n"), "<stdin>", out.append) == 3
+    assert chunks == ([1, 1, 1] if terminal else [3])
+    assert out == [line + "\n" for line in translate_lines(["a b", "c d", "e"], 1)]
