@@ -1,4 +1,4 @@
-"""What the side-by-side decoding benchmarks share (imported by the scripts beside it)."""
+"""What the benchmarks share (imported by the scripts beside it)."""
 
 from __future__ import annotations
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import time
 from pathlib import Path
 
 import torch
+from common import SHARED
 
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.device import keep_freed_memory
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import TranslateOptions, Translator
-
-SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+from common import SHARED
 
 
 def make_corpus(out: Path, repeat: int) -> int:
