@@ -25,6 +25,8 @@ for _ in $(seq "$ROUNDS"); do
   run decode-ct2-fp32 python tests/benchmarks/ctranslate2_decode_speed.py -m "$CKPT"
   run decode-ct2-int8 python tests/benchmarks/ctranslate2_decode_speed.py -m "$CKPT" --compute-type int8
 done
+python tests/benchmarks/fairseq_preprocess_speed.py --fairseq-bin "$FAIRSEQ_BIN" --rounds "$ROUNDS" 2>/dev/null \
+  | grep '^{' | sed 's/^/preprocess-side-by-side /'
 for _ in $(seq "$ROUNDS"); do
   python tests/benchmarks/preprocess_speed.py --repeat 1 2>/dev/null | grep '^{' | sed 's/^/preprocess-x1 /'
   python tests/benchmarks/preprocess_speed.py --repeat 4 2>/dev/null | grep '^{' | sed 's/^/preprocess-x4 /'
