@@ -403,8 +403,10 @@ class Transformer(nn.Module):
                 m.keep_weights, m.weights = False, None
 
     def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
-        """Project the encoder output to each decoder layer's keys/values once."""
-        return DecoderState([layer.cross_attn.project_kv(memory) for layer in self.decoder_layers], src_mask)
+        """Project the encoder output to each decoder layer's keys/values once, each laid out
+        contiguously (as views of the fused projection, every step's attention would copy them)."""
+        memory_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        return DecoderState([(k.contiguous(), v.contiguous()) for k, v in memory_kv], src_mask)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Logits (batch, vocab) for the next token, given the last tokens (batch,); updates `state`."""
