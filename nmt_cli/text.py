@@ -15,7 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+import sacremoses
+from sacremoses import MosesDetokenizer, MosesPunctNormalizer
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
@@ -46,6 +47,22 @@ class TextConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TextConfig:
         return cls(**d)
+
+
+class MosesTokenizer(sacremoses.MosesTokenizer):
+    """sacremoses' tokenizer, with its two character-class tests made cheap: sacremoses builds a
+    set of every lowercase (or alphabetic) Unicode character at each call, once per token that
+    ends in a period inside a line. That halved tokenization speed on lines with a period inside
+    (abbreviations, several sentences). Same results, as sets built once."""
+
+    LOWER = frozenset(sacremoses.MosesTokenizer.IsLower)
+    ALPHA = frozenset(sacremoses.MosesTokenizer.IsAlpha)
+
+    def islower(self, text: str) -> bool:
+        return set(text) <= self.LOWER
+
+    def isanyalpha(self, text: str) -> bool:
+        return not self.ALPHA.isdisjoint(text)
 
 
 class TextProcessor:

@@ -70,3 +70,23 @@ def test_segmentations_made_by_one_processor_are_adopted_by_another(multi30k):
     assert parent.segment(words) == worker.segment(words)
     parent.adopt({"dog": ("d", "og")})  # what is adopted is what segment() returns
     assert parent.segment(["dog", "a"]) == ["d@@", "og", "a"]
+
+
+def test_moses_tokenizer_gives_sacremoses_results(multi30k):
+    """Our MosesTokenizer only makes two character-class tests cheaper: same tokens as sacremoses,
+    on lines with periods inside (which exercise both tests)."""
+    import sacremoses
+
+    from nmt_cli.text import MosesTokenizer
+
+    crafted = ["Mr. Smith met Dr. Who in the U.S. today. then he left.", "z.B. das ist gut. ärger. Ölfarbe.",
+               "No. 5 and p. 12. a. b. c.", "Ein Mann. ein Hund. 3. Platz."]
+    for lang in ("en", "de"):
+        ours, reference = MosesTokenizer(lang=lang), sacremoses.MosesTokenizer(lang=lang)
+        lines = head(multi30k / f"train.{lang}", 300)
+        rotated = [" ".join(line.split()[1:] + line.split()[:1]) for line in lines]  # periods inside
+        for line in crafted + lines + rotated:
+            assert ours.tokenize(line, escape=False) == reference.tokenize(line, escape=False), line
+        for text in ("abc", "aBc", "", "ä", "1", "é.", ".", "A.B"):
+            assert ours.islower(text) == reference.islower(text)
+            assert ours.isanyalpha(text) == reference.isanyalpha(text)
