@@ -65,8 +65,6 @@ class PackedProjection:
     """
 
     def __init__(self, weight: Tensor) -> None:
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
-            raise RuntimeError("packed projections are for float32 on the CPU")
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self(weight[:1].detach())  # a missing kernel fails here, not in the middle of a search
 
@@ -75,10 +73,12 @@ class PackedProjection:
 
 
 def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
-    """The model's pre-softmax projection as a search should run it: packed where it can be."""
-    if model.int8_projection is None:
+    """The model's pre-softmax projection as a search should run it: packed where it can be
+    (float32 on the CPU, not quantized)."""
+    weight = model.tgt_embed.tokens.weight
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and model.int8_projection is None:
         try:
-            return PackedProjection(model.tgt_embed.tokens.weight)
+            return PackedProjection(weight)
         except (RuntimeError, AttributeError):
             pass
     return model.project

@@ -197,3 +197,18 @@ def test_dropout_is_identity_in_eval_and_seeded_in_training():
     a = drop(x)
     torch.manual_seed(3)
     assert torch.equal(a, drop(x)) and not torch.equal(a, drop(x))
+
+
+def test_reorders_between_two_steps_compose():
+    model = tiny_model()
+    src, tgt = random_tokens(3, 5), random_tokens(3, 5)
+    state = model.init_state(*model.encode(src))
+    for i in range(2):
+        model.decode_step(tgt[:, i], state)
+    first, second = torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0])
+    state.reorder(first, sentences=first)
+    state.reorder(second, sentences=second)
+    rows = first[second]  # [0, 0, 2]
+    steps = torch.stack([model.decode_step(tgt[rows, i], state) for i in range(2, 5)], dim=1)
+    full = model(src[rows], tgt[rows])[:, 2:]
+    assert (steps - full).abs().max().item() < 1e-5

@@ -177,3 +177,7 @@ def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypa
     plain = beam_search(ensemble, src, config)
     assert [[h.tokens for h in hyps] for hyps in plain] == [[h.tokens for h in hyps] for hyps in packed]
     assert [hyps[0].score for hyps in plain] == pytest.approx([hyps[0].score for hyps in packed], abs=1e-4)
+    attempts: list = []
+    monkeypatch.setattr(search, "PackedProjection", attempts.append)
+    bf16 = random_model(50, 4).to(torch.bfloat16)
+    assert Ensemble([bf16]).projections[0] == bf16.project and not attempts  # not even tried off float32
