@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import sacrebleu
 import torch
 
-from nmt_cli.checkpoint import ModelBundle
-from nmt_cli.translate import Translator
+from nmt_cli.checkpoint import ModelBundle, load_bundle
+from nmt_cli.search import SearchConfig
+from nmt_cli.translate import TranslateOptions, Translator
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
@@ -27,3 +31,43 @@ def reference_log_probs(bundle: ModelBundle, translator: Translator, sources: li
         lprobs = bundle.model(src, torch.tensor([[BOS_ID] + target[:-1]])).log_softmax(-1)[0]
         out.append((target, lprobs.gather(-1, torch.tensor(target)[:, None]).squeeze(-1).numpy()))
     return out
+
+
+def decoding_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The options of the decoding side-by-sides: model, input and references, search, threads."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("-m", "--model", type=Path, required=True)
+    parser.add_argument("-i", "--input", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.en")
+    parser.add_argument("--ref", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.de")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--lenpen", type=float, default=0.6)
+    parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+@dataclass
+class OurSide:
+    """Our checkpoint and translator (CPU, `--threads`), the input encoded to ids, the references."""
+
+    bundle: ModelBundle
+    translator: Translator
+    lines: list[str]
+    sources: list[list[int]]
+    refs: list[str]
+
+    @classmethod
+    def load(cls, args: argparse.Namespace) -> OurSide:
+        torch.set_num_threads(args.threads)
+        bundle = load_bundle(args.model)
+        options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
+        translator = Translator([bundle], options, torch.device("cpu"))
+        lines = args.input.read_text(encoding="utf-8").splitlines()
+        sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
+        return cls(bundle, translator, lines, sources, args.ref.read_text(encoding="utf-8").splitlines())
+
+    def figures(self, seconds: float, tokens: int, outputs: list[str]) -> dict:
+        """Speed in decode_speed.py's terms (tokens: BPE tokens + EOS) and the sacreBLEU of `outputs`."""
+        return {"seconds": round(seconds, 2), "sentences_per_s": round(len(self.lines) / seconds, 1),
+                "target_tokens_per_s": round(tokens / seconds, 1),
+                "bleu": round(sacrebleu.corpus_bleu(outputs, [self.refs]).score, 2)}

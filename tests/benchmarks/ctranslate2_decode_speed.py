@@ -14,7 +14,6 @@ a little; the score check runs on the references, with no search involved.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -22,15 +21,12 @@ from pathlib import Path
 
 import ctranslate2
 import numpy as np
-import sacrebleu
 import torch
-from common import SHARED, reference_log_probs
+from common import OurSide, decoding_arguments, reference_log_probs
 from ctranslate2.specs import transformer_spec
 
-from nmt_cli.checkpoint import ModelBundle, load_bundle
+from nmt_cli.checkpoint import ModelBundle
 from nmt_cli.model import MultiHeadAttention, SublayerConnection, Transformer
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateOptions, Translator
 
 
 def linear(spec, module: torch.nn.Linear) -> None:
@@ -87,47 +83,33 @@ def convert(bundle: ModelBundle, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-m", "--model", type=Path, required=True)
-    parser.add_argument("-i", "--input", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.en")
-    parser.add_argument("--ref", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.de")
+    parser = decoding_arguments(__doc__)
     parser.add_argument("--compute-type", default="float32", choices=["float32", "int8", "int8_float32"])
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--lenpen", type=float, default=0.6)
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    bundle = load_bundle(args.model)
-    ours = Translator([bundle], TranslateOptions(SearchConfig(beam=args.beam)), torch.device("cpu"))
-    lines = args.input.read_text(encoding="utf-8").splitlines()
-    refs = args.ref.read_text(encoding="utf-8").splitlines()
-    sources = [ours.encode(line, i + 1) for i, line in enumerate(lines)]
-    source_tokens = [bundle.src_vocab.decode(s) for s in sources]
-    references = reference_log_probs(bundle, ours, sources[:50], refs[:50])
+    ours = OurSide.load(args)
+    source_tokens = [ours.bundle.src_vocab.decode(s) for s in ours.sources]
+    references = reference_log_probs(ours.bundle, ours.translator, ours.sources[:50], ours.refs[:50])
     with tempfile.TemporaryDirectory() as work:
-        convert(bundle, Path(work) / "ct2")
+        convert(ours.bundle, Path(work) / "ct2")
         translator = ctranslate2.Translator(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
                                             intra_threads=args.threads, inter_threads=1)
         # same model? score the references with CTranslate2 too (it adds the EOS itself)
-        targets = [bundle.tgt_vocab.decode(target[:-1]) for target, _ in references]
+        targets = [ours.bundle.tgt_vocab.decode(target[:-1]) for target, _ in references]
         scores = translator.score_batch(source_tokens[:50], targets)
         diffs = [float(np.abs(mine - np.array(theirs.log_probs)).max())
                  for (_, mine), theirs in zip(references, scores)]
         start = time.perf_counter()
         results = translator.translate_batch(source_tokens, beam_size=args.beam, length_penalty=args.lenpen,
-                                             max_batch_size=8000, batch_type="tokens",
+                                             max_batch_size=args.max_tokens, batch_type="tokens",
                                              max_decoding_length=256)
         seconds = time.perf_counter() - start
     hyps = [r.hypotheses[0] for r in results]
-    outputs = [ours.target.decode(h) for h in hyps]
-    tokens = sum(len(h) + 1 for h in hyps)
+    outputs = [ours.translator.target.decode(h) for h in hyps]
     print(json.dumps({
         "benchmark": "ctranslate2_decode_speed", "ctranslate2": ctranslate2.__version__,
-        "compute_type": args.compute_type, "model": str(args.model), "sentences": len(lines), "beam": args.beam,
+        "compute_type": args.compute_type, "model": str(args.model), "sentences": len(ours.lines), "beam": args.beam,
         "threads": args.threads, "max_token_logprob_difference": round(max(diffs), 5),
-        "seconds": round(seconds, 2), "sentences_per_s": round(len(lines) / seconds, 1),
-        "target_tokens_per_s": round(tokens / seconds, 1),
-        "bleu": round(sacrebleu.corpus_bleu(outputs, [refs]).score, 2),
+        **ours.figures(seconds, sum(len(h) + 1 for h in hyps), outputs),
     }))
 
 

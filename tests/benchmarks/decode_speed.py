@@ -8,14 +8,12 @@ sacreBLEU of the output too.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import time
-from pathlib import Path
 
 import torch
-from common import SHARED
+from common import decoding_arguments
 
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.device import keep_freed_memory
@@ -24,14 +22,8 @@ from nmt_cli.translate import TranslateOptions, Translator
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-m", "--model", type=Path, required=True)
-    parser.add_argument("-i", "--input", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.en")
-    parser.add_argument("--ref", type=Path, default=None)
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--lenpen", type=float, default=0.6)
-    parser.add_argument("--max-tokens", type=int, default=8000)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = decoding_arguments(__doc__)
+    parser.set_defaults(ref=None)  # BLEU only when asked for
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quantize", choices=["int8"], default=None)
     args = parser.parse_args()

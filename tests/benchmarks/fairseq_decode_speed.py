@@ -15,23 +15,18 @@ Python 3.11. That environment also needs nmt-cli (`pip install -e .`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import sacrebleu
 import torch
-from common import SHARED, reference_log_probs
+from common import OurSide, decoding_arguments, reference_log_probs
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
-from nmt_cli.checkpoint import ModelBundle, load_bundle
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateOptions, Translator
+from nmt_cli.checkpoint import ModelBundle
 
 
 def fairseq_rows(weight: torch.Tensor, start_row: int | None = None) -> torch.Tensor:
@@ -101,27 +96,15 @@ def copy_ffn(theirs, ffn, norm: torch.nn.LayerNorm) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-m", "--model", type=Path, required=True)
-    parser.add_argument("-i", "--input", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.en")
-    parser.add_argument("--ref", type=Path, default=SHARED / "multi30k" / "test_2016_flickr.de")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--lenpen", type=float, default=0.6)
-    parser.add_argument("--max-tokens", type=int, default=8000)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    bundle = load_bundle(args.model)
-    ours = Translator([bundle], TranslateOptions(SearchConfig(beam=args.beam), max_tokens=args.max_tokens),
-                      torch.device("cpu"))
+    args = decoding_arguments(__doc__).parse_args()
+    ours = OurSide.load(args)
+    bundle, sources = ours.bundle, ours.sources
     model, vocab = to_fairseq(bundle)
-    lines = args.input.read_text(encoding="utf-8").splitlines()
-    refs = args.ref.read_text(encoding="utf-8").splitlines()
-    sources = [ours.encode(line, i + 1) for i, line in enumerate(lines)]
 
+    references = reference_log_probs(bundle, ours.translator, sources[:50], ours.refs[:50])
     diffs = []  # same model? score the references with fairseq too (ids >= 2 are the same in both)
     with torch.inference_mode():
-        for source, (target, mine) in zip(sources, reference_log_probs(bundle, ours, sources[:50], refs[:50])):
+        for source, (target, mine) in zip(sources, references):
             prev = torch.tensor([[vocab.eos()] + target[:-1]])
             theirs = model(torch.tensor([source + [vocab.eos()]]), torch.tensor([len(source) + 1]), prev)[0]
             theirs = theirs.log_softmax(-1)[0].gather(-1, torch.tensor(target)[:, None]).squeeze(-1).numpy()
@@ -132,7 +115,7 @@ def main() -> None:
     hyps: dict[int, list[int]] = {}
     start = time.perf_counter()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    for batch in ours.batches(order, sources):  # fairseq-generate's batching: by length, max_tokens
+    for batch in ours.translator.batches(order, sources):  # fairseq-generate's batching: by length, max_tokens
         longest = max(len(sources[i]) for i in batch) + 1
         src_tokens = torch.full((len(batch), longest), vocab.pad(), dtype=torch.long)
         for row, i in enumerate(batch):  # left-padded, as fairseq's LanguagePairDataset does
@@ -142,14 +125,11 @@ def main() -> None:
         for i, result in zip(batch, generator.generate([model], sample)):
             hyps[i] = result[0]["tokens"].tolist()  # ends with </s>
     seconds = time.perf_counter() - start
-    outputs = [ours.target.decode(bundle.tgt_vocab.decode(hyps[i][:-1])) for i in range(len(lines))]
-    tokens = sum(len(h) for h in hyps.values())
+    outputs = [ours.translator.target.decode(bundle.tgt_vocab.decode(hyps[i][:-1])) for i in range(len(sources))]
     print(json.dumps({
-        "benchmark": "fairseq_decode_speed", "fairseq": "0.12.2", "model": str(args.model), "sentences": len(lines),
+        "benchmark": "fairseq_decode_speed", "fairseq": "0.12.2", "model": str(args.model), "sentences": len(sources),
         "beam": args.beam, "threads": args.threads, "max_token_logprob_difference": round(max(diffs), 5),
-        "seconds": round(seconds, 2), "sentences_per_s": round(len(lines) / seconds, 1),
-        "target_tokens_per_s": round(tokens / seconds, 1),
-        "bleu": round(sacrebleu.corpus_bleu(outputs, [refs]).score, 2),
+        **ours.figures(seconds, sum(len(h) for h in hyps.values()), outputs),
     }))
 
 
