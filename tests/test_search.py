@@ -97,6 +97,45 @@ def test_narrow_beam_scores_are_the_models_penalized_log_probabilities():
                                     abs=1e-4)
 
 
+def reference_beam_search(model, src, config):
+    """The search written out plainly for one sentence: full forward passes, one hypothesis at
+    the start, every candidate scored. Same finishing rules (search module docstring)."""
+    banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+    limit = int(max_lengths((src != PAD_ID).sum(1) - 1, config, TINY.max_positions)[0])
+    live, finished = [(0.0, [])], []
+    for step in range(limit + 1):
+        candidates = []
+        for score, tokens in live:
+            lprobs = torch.log_softmax(model(src, torch.tensor([[BOS_ID] + tokens]))[0, -1], -1)
+            lprobs[banned] = -math.inf
+            if step == limit:
+                lprobs[torch.arange(len(lprobs)) != EOS_ID] = -math.inf
+            candidates += [(score + lp, tokens + [t]) for t, lp in enumerate(lprobs.tolist())]
+        candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * config.beam]
+        finished += [(lp / length_penalty(step + 1, config.lenpen), lp, tokens[:-1])
+                     for lp, tokens in candidates[: config.beam] if tokens[-1] == EOS_ID and lp > -math.inf]
+        live = [c for c in candidates if c[1][-1] != EOS_ID][: config.beam]
+        best = sorted(f[0] for f in finished)
+        if step >= limit or len(finished) >= config.beam or (
+                len(finished) >= config.nbest
+                and live[0][0] / length_penalty(limit + 1, config.lenpen) <= best[-config.nbest]):
+            break
+    return sorted(finished, key=lambda f: -f[0])[: config.nbest]
+
+
+@pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4)])
+def test_search_equals_the_search_written_out(beam, vocab, seed):
+    """Also where the first step cannot fill a beam from one row (vocabulary below the beam)."""
+    model = random_model(vocab, seed, scale=2.0)
+    rows = [[4, 5, 4], [5], [4, 4, 5, 5, 4]]
+    config = SearchConfig(beam=beam, nbest=2, max_len_a=0.5, max_len_b=3)
+    batched = beam_search(Ensemble([model]), sources(rows, vocab), config)
+    for row, hyps in zip(rows, batched):
+        expected = reference_beam_search(model, sources([row], vocab), config)
+        assert [h.tokens for h in hyps] == [tokens for _, _, tokens in expected]
+        assert [h.score for h in hyps] == pytest.approx([score for score, _, _ in expected], abs=1e-4)
+
+
 def test_batched_equals_one_by_one():
     model = random_model(15, 1, scale=3.0)
     rows = [[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [7, 7, 7, 7, 7, 7, 7, 7, 7]]
