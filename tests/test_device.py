@@ -1,5 +1,6 @@
 """Device and precision choice, shared by `nmt train` and `nmt translate`."""
 
+import ctypes
 import platform
 
 import pytest
@@ -37,5 +38,9 @@ def test_half_precision_needs_cuda(tmp_path, precision):
 def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypatch):
     if platform.libc_ver()[0] == "glibc":  # Linux, as in CI
         assert keep_freed_memory()
+        sbrk = ctypes.CDLL(None).sbrk
+        sbrk.restype = ctypes.c_void_p
+        block = torch.empty(1 << 24)  # 64 MB: above the largest mmap threshold glibc accepts (32 MB)
+        assert block.data_ptr() < sbrk(0)  # below the program break: the heap, not a fresh mapping
     monkeypatch.setattr(device.ctypes, "CDLL", lambda name: object())  # a C library without mallopt
     assert not keep_freed_memory()
