@@ -1,10 +1,12 @@
-"""Preprocessing speed and memory: `python tests/benchmarks/preprocess_speed.py [--repeat K] [--workers 1 2]`.
+"""Preprocessing speed and memory: `python tests/benchmarks/preprocess_speed.py [--repeat K] [--rounds R]`.
 
 Runs `nmt preprocess` on Multi30k en-de (train repeated K times, copies after the first lightly
 perturbed by rotating each line's words, so the corpus grows but the vocabulary hardly does), once
 per worker count, in a subprocess, and prints one JSON line per run: seconds per stage, lines/s of
 tokenize and of BPE+binarize (stage 3's segmentation of the training words plus the binarization
-of every split), and the subprocess's peak RSS.
+of every split), and the subprocess's peak RSS. With `--rounds`, the worker counts alternate R
+times (this machine's speed drifts between runs), and a last line gives, per round, the speed-up
+of the last worker count over the first, and the medians.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,11 +73,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--bpe-merges", type=int, default=8000)
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    speedups: dict[str, list[float]] = {"bpe_binarize": [], "tokenize": []}
     with tempfile.TemporaryDirectory() as tmp:
         make_corpus(Path(tmp), args.repeat)
-        for workers in args.workers:
-            print(json.dumps(run(Path(tmp), workers, args.bpe_merges)), flush=True)
+        for _ in range(args.rounds):
+            runs = [run(Path(tmp), workers, args.bpe_merges) for workers in args.workers]
+            for r in runs:
+                print(json.dumps(r), flush=True)
+            first, last = runs[0], runs[-1]
+            speedups["bpe_binarize"].append(round(first["bpe_binarize_s"] / last["bpe_binarize_s"], 2))
+            speedups["tokenize"].append(round(last["tokenize_lines_per_s"] / first["tokenize_lines_per_s"], 2))
+    if args.rounds > 1:
+        print(json.dumps({"benchmark": "preprocess_speedup", "workers": [args.workers[0], args.workers[-1]],
+                          "per_round": speedups, "median": {k: statistics.median(v) for k, v in speedups.items()}}))
 
 
 if __name__ == "__main__":
