@@ -126,11 +126,16 @@ class Ensemble:
 
 
 def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
-    """x.topk(k, dim=1) for a wide x (rows, vocab), faster on the CPU: split each row into
-    `chunks` equal parts (plus a tail); the k largest entries of a row are among the columns
-    where the elementwise maximum of its parts is one of the k largest. (Otherwise k columns
-    would each hold a larger entry.) torch.topk's CPU kernel costs about 1 ns per entry; the
-    elementwise maximum a tenth of that, and top-k then runs over a chunk's width only."""
+    """x.topk(k, dim=1) for a wide x (rows, vocab), faster on the CPU.
+
+    Each row is cut into `chunks` equal parts (plus a short tail), laid over each other, and
+    each position takes its maximum over the parts. The k largest entries of the row lie at the
+    k positions with the largest maxima (any other position has k positions above it, each
+    holding a larger entry), so only those positions of every part, and the tail, are
+    candidates. torch.topk's CPU kernel costs about 1 ns per entry, the maximum over parts a
+    tenth of that. In beam search over 7,960 tokens on 2 cores, top-k went from 7% of the time
+    to 3%. Off the CPU, or for a narrow x, it is torch.topk.
+    """
     rows, width = x.shape
     part = width // chunks
     if x.device.type != "cpu" or part < 8 * k:

@@ -123,9 +123,10 @@ def reference_beam_search(model, src, config):
     return sorted(finished, key=lambda f: -f[0])[: config.nbest]
 
 
-@pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4)])
+@pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4), (4, 601, 5)])
 def test_search_equals_the_search_written_out(beam, vocab, seed):
-    """Also where the first step cannot fill a beam from one row (vocabulary below the beam)."""
+    """Also where the first step cannot fill a beam from one row (vocabulary below the beam), and
+    with a vocabulary wide enough for top-k through chunk maxima (601 = 8 x 75 + 1)."""
     model = random_model(vocab, seed, scale=2.0)
     rows = [[4, 5, 4], [5], [4, 4, 5, 5, 4]]
     config = SearchConfig(beam=beam, nbest=2, max_len_a=0.5, max_len_b=3)
@@ -134,6 +135,23 @@ def test_search_equals_the_search_written_out(beam, vocab, seed):
         expected = reference_beam_search(model, sources([row], vocab), config)
         assert [h.tokens for h in hyps] == [tokens for _, _, tokens in expected]
         assert [h.score for h in hyps] == pytest.approx([score for score, _, _ in expected], abs=1e-4)
+
+
+@pytest.mark.parametrize("width", [600, 601, 7960])
+def test_top_k_through_chunk_maxima_equals_torch_topk(width):
+    torch.manual_seed(width)
+    x = torch.randn(37, width)
+    x[:, [0, 1, 3]] = -math.inf  # banned tokens
+    x[5, :] = -math.inf
+    x[5, 2] = 0.0  # a row where only EOS is allowed: one finite entry
+    x[7, width - 1] = 50.0  # the largest entry in the tail
+    values, indices = search.top_k(x, 8)
+    expected = x.topk(8, dim=1)
+    assert torch.equal(values, expected.values)
+    finite = values.isfinite()
+    assert torch.equal(indices[finite], expected.indices[finite])  # -inf ties may take any columns
+    assert torch.equal(x.gather(1, indices), values)
+    assert all(len(set(row)) == 8 for row in indices.tolist())  # no column twice
 
 
 def test_batched_equals_one_by_one():
