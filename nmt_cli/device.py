@@ -15,7 +15,8 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
     """`device` auto|cpu|cuda and `precision` auto|fp32|bf16|fp16 -> (torch device, compute dtype).
 
     auto precision is bf16 on a CUDA GPU that supports it, else fp32; half precisions need CUDA.
-    `index` is the CUDA device (torchrun's LOCAL_RANK).
+    `index` is the CUDA device (torchrun's LOCAL_RANK). On the CPU, freed memory is kept for
+    reuse (`keep_freed_memory`).
     """
     if threads:
         torch.set_num_threads(threads)
@@ -27,6 +28,8 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
         precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
     if precision != "fp32" and not cuda:
         raise NmtError(f"--precision {precision} needs a CUDA device; use fp32 on CPU")
+    if not cuda:
+        keep_freed_memory()
     return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
 
 

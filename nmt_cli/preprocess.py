@@ -138,15 +138,14 @@ _worker: dict[str, Any] = {}
 WARM_UP_LINE = 'A "warm-up" line: 1,000 words (and more) - it\'s here.'
 
 
-def _init_worker(text: TextConfig, codes: str | None, src_vocab: list[str] | None = None,
-                 tgt_vocab: list[str] | None = None, max_chars: int = 0, dtype: np.dtype | None = None,
-                 segmenter: TextProcessor | None = None) -> None:
+def _init_worker(text: TextConfig, src_vocab: list[str] | None = None, tgt_vocab: list[str] | None = None,
+                 max_chars: int = 0, dtype: np.dtype | None = None, segmenter: TextProcessor | None = None) -> None:
     """The state of a stage's workers, built in the parent and inherited by the forked workers.
-    `segmenter`: a processor whose BPE has segmented every training word already (stage 3), so
-    that the workers share its cache instead of each rebuilding it."""
+    `segmenter`: the processor holding the BPE codes (and, in stage 4, every training word
+    segmented already), whose BPE the workers share instead of each parsing the codes again."""
     _worker.update(max_chars=max_chars, dtype=dtype)
-    _worker["src"] = TextProcessor(text, text.source_lang, None if segmenter else codes)
-    _worker["tgt"] = TextProcessor(text, text.target_lang, None if segmenter else codes)
+    _worker["src"] = TextProcessor(text, text.source_lang)
+    _worker["tgt"] = TextProcessor(text, text.target_lang)
     if segmenter is not None:
         _worker["src"].bpe = _worker["tgt"].bpe = segmenter.bpe
     _worker["src_vocab"] = Vocabulary(src_vocab) if src_vocab is not None else None
@@ -232,15 +231,15 @@ def _binarize_range(lines: LineRange, max_len: int) -> Packed:
 
 
 class Workers:
-    """`workers` processes initialized once with `initargs` (or this process when workers == 1),
+    """`workers` processes given `_init_worker(**state)` once (or this process when workers == 1),
     mapping a function over chunks in order, with a bounded number of chunks in flight."""
 
-    def __init__(self, workers: int, initargs: tuple) -> None:
-        self.workers, self.initargs = workers, initargs
+    def __init__(self, workers: int, **state: Any) -> None:
+        self.workers, self.state = workers, state
         self.pool: Any = None
 
     def __enter__(self) -> Workers:
-        _init_worker(*self.initargs)  # in this process; forked workers inherit it, caches included
+        _init_worker(**self.state)  # in this process; forked workers inherit it, caches included
         if self.workers > 1:
             self.pool = multiprocessing.get_context("fork").Pool(self.workers)
         return self
@@ -312,7 +311,7 @@ def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work
     ranges: list[LineRange] = []
     lang_s, lang_t = opts.text.source_lang, opts.text.target_lang
     with open(work / f"train.tok.{lang_s}", "wb") as fs, open(work / f"train.tok.{lang_t}", "wb") as ft, \
-            Workers(opts.workers, (opts.text, None, None, None, MAX_CHARS_PER_TOKEN * opts.max_len)) as workers:
+            Workers(opts.workers, text=opts.text, max_chars=MAX_CHARS_PER_TOKEN * opts.max_len) as workers:
         results = workers.map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
             start, written = (fs.tell(), ft.tell()), 0
@@ -438,14 +437,14 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
     start = time.perf_counter()
     segmenter = TextProcessor(opts.text, src, codes)  # joint BPE: one segmenter for both sides
     if codes is not None and word_counts is not None and opts.workers > 1:
-        segment_training_words(opts, segmenter, codes, word_counts)
+        segment_training_words(opts, segmenter, word_counts)
     src_vocab, tgt_vocab = build_vocabularies(opts, segmenter, word_counts)
     timings["vocabulary"] = time.perf_counter() - start
 
     dtype = token_dtype(max(len(src_vocab), len(tgt_vocab)))
     vocabs = (src_vocab.tokens[len(SPECIALS):], tgt_vocab.tokens[len(SPECIALS):])
-    initargs = (opts.text, codes, *vocabs, 0, dtype, segmenter)
-    with Workers(opts.workers, initargs) as workers:
+    with Workers(opts.workers, text=opts.text, src_vocab=vocabs[0], tgt_vocab=vocabs[1], dtype=dtype,
+                 segmenter=segmenter) as workers:
         for name, (src_path, tgt_path) in inputs.items():
             start = time.perf_counter()
             training = name == "train"
@@ -487,12 +486,12 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
     }
 
 
-def segment_training_words(opts: PreprocessOptions, segmenter: TextProcessor, codes: str,
+def segment_training_words(opts: PreprocessOptions, segmenter: TextProcessor,
                            word_counts: tuple[Counter, Counter]) -> None:
     """Stage 3's BPE in the workers: each distinct training word is segmented once, and the
     results fill `segmenter`'s cache (the vocabulary counts and stage 4's workers read it)."""
     words = list((word_counts[0] | word_counts[1]).keys())
-    with Workers(opts.workers, (opts.text, codes)) as workers:
+    with Workers(opts.workers, text=opts.text, segmenter=segmenter) as workers:
         for segmentations in workers.map(_segment_words, chunks(words, CHUNK_WORDS)):
             segmenter.adopt(segmentations)
 

@@ -34,7 +34,6 @@ from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data import ParallelData, shuffled, token_batches
-from nmt_cli.device import keep_freed_memory
 from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, write_text
 from nmt_cli.model import Transformer
@@ -134,8 +133,6 @@ def set_up_runtime(config: TrainConfig) -> Runtime:
     device, dtype = select_device(config.device, config.precision, config.threads, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        keep_freed_memory()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
     return Runtime(device, dtype, rank, world, local_rank)

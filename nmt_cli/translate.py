@@ -23,7 +23,6 @@ import torch
 from nmt_cli import NmtError
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.data import pad
-from nmt_cli.device import keep_freed_memory
 from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, temporary
 from nmt_cli.model import Transformer
@@ -197,8 +196,6 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
                    threads: int | None = None) -> int:
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when complete."""
     torch_device, dtype = select_device(device, precision, threads)
-    if torch_device.type == "cpu":
-        keep_freed_memory()
     translator = Translator([load_bundle(path) for path in checkpoints], options, torch_device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"

@@ -249,7 +249,7 @@ def test_workers_segment_every_training_word_for_the_vocabulary(multi30k):
     codes = learn_joint_bpe(counts[0] + counts[1], 200)
     segmenter, reference = TextProcessor(config, "en", codes), TextProcessor(config, "en", codes)
     opts = pp.PreprocessOptions(config, Path("unused"), workers=2, progress=False)
-    pp.segment_training_words(opts, segmenter, codes, counts)
+    pp.segment_training_words(opts, segmenter, counts)
     words = [w for w in counts[0] | counts[1] if len(w) > 1]
     assert all(w in segmenter.bpe.cache for w in words)  # filled by the workers: this process segmented nothing
     assert segmenter.segment(words) == reference.segment(words)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir
 
-from nmt_cli import NmtError, train
+from nmt_cli import NmtError, device, train
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
 from nmt_cli.config import PRESETS, TrainConfig
@@ -338,6 +338,6 @@ def test_adam_is_fused_where_torch_can_and_unfused_where_it_cannot(monkeypatch):
 
 def test_training_on_the_cpu_keeps_freed_memory_for_reuse(monkeypatch):
     calls = []
-    monkeypatch.setattr(train, "keep_freed_memory", lambda: calls.append(True))
+    monkeypatch.setattr(device, "keep_freed_memory", lambda: calls.append(True))
     assert train.set_up_runtime(TrainConfig(device="cpu")).device.type == "cpu"
     assert calls == [True]

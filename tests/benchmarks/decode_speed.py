@@ -16,7 +16,7 @@ import torch
 from common import decoding_arguments
 
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.device import keep_freed_memory
+from nmt_cli.device import select
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import TranslateOptions, Translator
 
@@ -27,13 +27,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quantize", choices=["int8"], default=None)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if args.device == "cpu":
-        keep_freed_memory()  # as `nmt translate` does
+    device, _ = select(args.device, "fp32", args.threads)  # threads and memory settings as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize)
-    translator = Translator([load_bundle(args.model)], options, torch.device(args.device))
+    translator = Translator([load_bundle(args.model)], options, device)
     start = time.perf_counter()
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
     hyps = translator.translate_ids(sources)
