@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import io
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -136,7 +136,7 @@ def learn_joint_bpe(word_counts: Counter[str], merges: int, min_frequency: int =
     return codes.getvalue()
 
 
-def subword_counts(processor: TextProcessor, word_counts: Counter[str]) -> Counter[str]:
+def subword_counts(processor: TextProcessor, word_counts: Mapping[str, int]) -> Counter[str]:
     """Counts of BPE subwords, from word counts: each distinct word is segmented once."""
     counts: Counter[str] = Counter()
     for word, count in word_counts.items():

@@ -12,8 +12,8 @@ from conftest import head, write_lines
 
 from nmt_cli.cli import main
 from nmt_cli.data import IndexedArray
-from nmt_cli.text import TextConfig, TextProcessor, learn_joint_bpe
-from nmt_cli.vocab import Vocabulary
+from nmt_cli.text import TextConfig, TextProcessor, learn_joint_bpe, subword_counts
+from nmt_cli.vocab import UNK_ID, Vocabulary
 
 TRAIN_EN = ["the red cat", "a dog", "", " ".join(["word"] * 25), "cats sit on mats",
             "hello", "the the the the the the the the"]
@@ -239,7 +239,7 @@ def test_reuse_for_another_language_pair_is_refused(tmp_path):
     assert result.exit_code == 1 and "prepared for en-de, not de-en" in result.output
 
 
-def test_workers_segment_every_training_word_for_the_vocabulary(multi30k):
+def test_workers_segment_every_training_word_for_the_vocabulary(multi30k, monkeypatch):
     import nmt_cli.preprocess as pp
 
     config = TextConfig("en", "de")
@@ -249,7 +249,43 @@ def test_workers_segment_every_training_word_for_the_vocabulary(multi30k):
     codes = learn_joint_bpe(counts[0] + counts[1], 200)
     segmenter, reference = TextProcessor(config, "en", codes), TextProcessor(config, "en", codes)
     opts = pp.PreprocessOptions(config, Path("unused"), workers=2, progress=False)
-    pp.segment_training_words(opts, segmenter, counts)
+    monkeypatch.setattr(pp, "CHUNK_WORDS", 100)  # several chunks per worker, whose counts are summed
+    subwords = pp.count_subwords(opts, segmenter, counts)
     words = [w for w in counts[0] | counts[1] if len(w) > 1]
     assert all(w in segmenter.bpe.cache for w in words)  # filled by the workers: this process segmented nothing
     assert segmenter.segment(words) == reference.segment(words)
+    assert subwords == tuple(subword_counts(reference, side) for side in counts)
+    assert subwords[0] != subwords[1]
+
+
+def test_word_ids_equal_segmenting_the_whole_line(multi30k):
+    import nmt_cli.preprocess as pp
+
+    config = TextConfig("en", "de")
+    plain = TextProcessor(config, "de")
+    lines = [plain.tokenize(line) for line in head(multi30k / "train.de", 300)]
+    codes = learn_joint_bpe(Counter(w for words in lines[:150] for w in words), 200)
+    processor = TextProcessor(config, "de", codes)
+    vocab = Vocabulary.build(Counter(t for words in lines[:150] for t in processor.segment(words)))
+    word_ids = pp.WordIds(processor, vocab)
+    for words in lines + [[], ["", "Hund"]]:  # the second half has unseen words, hence unknown subwords
+        assert word_ids.encode(words) == vocab.encode(processor.segment(words))
+    assert UNK_ID in word_ids.encode([w for words in lines[150:] for w in words])
+
+
+def _frozen_objects(_: object) -> int:
+    import gc
+
+    return gc.get_freeze_count()
+
+
+def test_workers_garbage_collector_leaves_inherited_objects_alone():
+    import gc
+
+    import nmt_cli.preprocess as pp
+
+    inherited = [[i] for i in range(10_000)]  # objects the collector tracks, made before the fork
+    with pp.Workers(2, text=TextConfig("en", "de")) as workers:
+        counts = list(workers.map(_frozen_objects, range(4)))
+    assert min(counts) >= len(inherited)  # frozen in the workers: their collections skip them
+    assert gc.get_freeze_count() == 0  # and collected as usual here
