@@ -3,7 +3,10 @@
 Builds the model on a data directory made by `nmt preprocess` (e.g. Multi30k en-de, 8,000 BPE
 merges), runs `--warmup` updates, then times `--updates` updates of `--max-tokens` per update, and
 prints one JSON line: target tokens/s (non-pad target tokens, as fairseq's `wps`), updates/s,
-tokens per update, peak RSS. CPU threads: `--threads` (default 2).
+tokens per update, peak RSS, and the CPU time per second of the timed updates (`cpu_per_wall_s`:
+how many cores were busy on average; run with OMP_WAIT_POLICY=PASSIVE so that threads waiting for
+work sleep instead of spinning, else it reads about `--threads`). CPU threads: `--threads`
+(default 2).
 """
 
 from __future__ import annotations
@@ -47,18 +50,19 @@ def main() -> None:
     for step, indices in enumerate(batches, start=1):
         if step == args.warmup + 1:
             sync()
-            start, tokens = time.perf_counter(), 0
+            start, cpu_start, tokens = time.perf_counter(), time.process_time(), 0
         update_tokens = int(run.train.tgt_lengths[indices].sum())
         stats = run.trainer.update(run.train, [indices], update_tokens, step, run.pad_multiple)
         tokens += stats["tokens"] if stats else 0
     sync()
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     params = sum(p.numel() for p in run.model.parameters())
     print(json.dumps({
         "benchmark": "train_speed", "arch": args.arch, "parameters": params, "device": str(run.runtime.device),
         "dtype": str(run.runtime.dtype), "threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
         "updates": args.updates, "target_tokens_per_s": round(tokens / seconds, 1),
         "updates_per_s": round(args.updates / seconds, 3), "target_tokens_per_update": round(tokens / args.updates),
+        "cpu_per_wall_s": round(cpu_seconds / seconds, 2),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
     }))
