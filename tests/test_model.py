@@ -38,6 +38,40 @@ def test_decoder_does_not_see_future_tokens(norm, positions):
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
+def test_written_out_attention_equals_the_fused_kernel(norm, monkeypatch):
+    """Short sequences on the CPU take the written-out attention (the tests above check its
+    masks); the fused kernel, which longer ones take, gives the same outputs and gradients."""
+    import nmt_cli.model as model_module
+
+    model = tiny_model(norm=norm).train()  # dropout 0: the two runs see the same function
+    src = torch.cat([random_tokens(2, 9), torch.cat([random_tokens(1, 5), torch.full((1, 4), PAD)], 1)])
+    tgt = torch.cat([random_tokens(2, 7), torch.cat([random_tokens(1, 3), torch.full((1, 4), PAD)], 1)])
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        out = model(src, tgt)
+        return out, list(torch.autograd.grad((out * torch.linspace(-1, 1, out.size(-1))).sum(), model.parameters()))
+
+    written_out, written_out_grads = run()
+    monkeypatch.setattr(model_module, "MATH_ATTENTION_MAX_KEYS", 0)
+    fused, fused_grads = run()
+    torch.testing.assert_close(written_out, fused, rtol=0, atol=1e-5)
+    for a, b in zip(written_out_grads, fused_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_dropout_applies_in_training_only():
+    model = tiny_model(attention_dropout=0.5)
+    src, tgt = random_tokens(2, 6), random_tokens(2, 5)
+    evaluated = model(src, tgt)
+    model.train()
+    torch.manual_seed(1)
+    trained = model(src, tgt)
+    torch.manual_seed(1)
+    torch.testing.assert_close(model(src, tgt), trained, rtol=0, atol=0)  # seeded
+    assert not torch.allclose(trained, evaluated, atol=1e-3)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
 def test_padding_changes_no_output(norm):
     model = tiny_model(norm=norm)
     src, tgt = random_tokens(1, 5), random_tokens(1, 4)
