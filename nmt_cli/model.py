@@ -150,7 +150,8 @@ class MultiHeadAttention(nn.Module):
         if self.keep_weights or step or (q.device.type == "cpu" and k.size(-2) <= MATH_ATTENTION_MAX_KEYS):
             # The same equation written out: to keep the weights for inspection; and on the CPU
             # for short sequences (a search step's few queries, sentences of up to 64 tokens),
-            # where it runs 1.5-3x faster than the fused kernel, backward included, on 2 cores.
+            # where it is faster than the fused kernel, backward included: 1.2-1.8x up to 34
+            # tokens, even at 64, slower from 128 (tests/benchmarks/attention_speed.py, 2 cores).
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
             if causal:
                 future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from nmt_cli import model
 from nmt_cli.config import PRESETS, TrainConfig
 from nmt_cli.data import shuffled
 from nmt_cli.train import TrainingRun
@@ -37,7 +38,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--fused-attention", action="store_true",
+                        help="always the fused SDPA kernel (on the CPU, short sequences are written out)")
     args = parser.parse_args()
+    if args.fused_attention:
+        model.MATH_ATTENTION_MAX_KEYS = 0
     config = TrainConfig(max_tokens=args.max_tokens, threads=args.threads, device=args.device,
                          precision=args.precision, compile=args.compile, lr_schedule="inverse-sqrt", lr=1e-3)
     with tempfile.TemporaryDirectory() as save_dir:
@@ -62,7 +67,7 @@ def main() -> None:
         "dtype": str(run.runtime.dtype), "threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
         "updates": args.updates, "target_tokens_per_s": round(tokens / seconds, 1),
         "updates_per_s": round(args.updates / seconds, 3), "target_tokens_per_update": round(tokens / args.updates),
-        "cpu_per_wall_s": round(cpu_seconds / seconds, 2),
+        "cpu_per_wall_s": round(cpu_seconds / seconds, 2), "fused_attention": args.fused_attention,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
     }))
