@@ -122,7 +122,7 @@ class MultiHeadAttention(nn.Module):
             self.q = nn.Linear(config.d_model, qk)
             self.kv = nn.Linear(config.d_model, qk + v)
         self.out = nn.Linear(v, config.d_model)  # W^O
-        self.dropout = config.attention_dropout
+        self.dropout = Dropout(config.attention_dropout)  # on the attention weights
         self.keep_weights = False  # set by Transformer.attention_weights
         self.weights: Tensor | None = None
 
@@ -161,13 +161,11 @@ class MultiHeadAttention(nn.Module):
             weights = torch.softmax(scores, dim=-1)
             if self.keep_weights:
                 self.weights = weights
-            if self.training and self.dropout > 0:
-                weights = F.dropout(weights, self.dropout)
-            out = weights @ v
+            out = self.dropout(weights) @ v
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal,
-                dropout_p=self.dropout if self.training else 0.0,
+                dropout_p=self.dropout.p if self.training else 0.0,
             )
         return self.out(out.transpose(1, 2).flatten(2))
 
