@@ -205,21 +205,24 @@ def test_pad_embedding_starts_at_zero():
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
-def test_cpu_dropout_keeps_1_minus_p_in_both_halves_of_each_draw_and_rescales(p):
+def test_cpu_dropout_keeps_1_minus_p_in_each_part_of_a_draw_and_rescales(p):
     torch.manual_seed(0)
-    n = 1_000_001  # odd: the last 64-bit draw is half used
+    n = 1_000_003  # not a multiple of 4: the last 64-bit draw is partly used
     x = torch.ones(n, requires_grad=True)
-    y = Dropout(p).train()(x)
+    drop = Dropout(p).train()
+    y = drop(x)
     kept = y != 0
-    sigma = math.sqrt(p * (1 - p) / (n / 2))
-    for half in (kept[0::2], kept[1::2]):  # low and high bits of the random integers
-        assert abs(half.float().mean().item() - (1 - p)) < 5 * sigma
-    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    sigma = math.sqrt(p * (1 - p) / (n / 4))
+    for part in range(4):  # the four 16-bit parts of the random integers, the sign bit's included
+        assert abs(kept[part::4].float().mean().item() - (1 - p)) < 5 * sigma
+    assert abs(drop.scale - 1 / (1 - p)) < 1e-4  # p taken to a multiple of 2^-16
+    assert torch.allclose(y[kept], torch.full_like(y[kept], drop.scale))
     y.backward(torch.full_like(y, 2.0))
-    assert torch.equal(x.grad, torch.where(kept, 2.0 / (1 - p), 0.0))
-    # consecutive elements are independent (not one draw reused)
-    both = (kept[0:-1:2] & kept[1::2]).float().mean().item()
-    assert abs(both - (1 - p) ** 2) < 5 * sigma
+    assert torch.equal(x.grad, torch.where(kept, 2.0 * drop.scale, 0.0))
+    # neighbouring elements are independent (not one part reused)
+    for shift in (1, 2, 3):
+        both = (kept[:-shift] & kept[shift:]).float().mean().item()
+        assert abs(both - (1 - p) ** 2) < 5 * sigma
 
 
 def test_dropout_is_identity_in_eval_and_seeded_in_training():
