@@ -7,6 +7,9 @@ tokens per update, peak RSS, and the CPU time per second of the timed updates (`
 how many cores were busy on average; run with OMP_WAIT_POLICY=PASSIVE so that threads waiting for
 work sleep instead of spinning, else it reads about `--threads`). CPU threads: `--threads`
 (default 2).
+
+`--dropout-ab` times each of the `--updates` batches once per dropout kind, in turn (ours,
+torch's F.dropout, none), and prints target tokens/s per kind: what dropout costs in a step.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import platform
 import resource
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from nmt_cli import model
 from nmt_cli.config import PRESETS, TrainConfig
@@ -40,6 +45,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--fused-attention", action="store_true",
                         help="always the fused SDPA kernel (on the CPU, short sequences are written out)")
+    parser.add_argument("--dropout-ab", action="store_true", help="each batch once per dropout kind, in turn")
     args = parser.parse_args()
     if args.fused_attention:
         model.MATH_ATTENTION_MAX_KEYS = 0
@@ -50,6 +56,10 @@ def main() -> None:
     batches = shuffled(run.batches, 1, 1)
     steps = args.warmup + args.updates
     batches = (batches * (steps // len(batches) + 1))[:steps]
+    if args.dropout_ab:
+        print(json.dumps({"benchmark": "train_speed_dropout", "arch": args.arch, "updates": args.updates,
+                          "threads": torch.get_num_threads(), **dropout_ab(run, batches, args.warmup)}))
+        return
     sync = torch.cuda.synchronize if run.runtime.device.type == "cuda" else (lambda: None)
     tokens = 0
     for step, indices in enumerate(batches, start=1):
@@ -71,6 +81,31 @@ def main() -> None:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
     }))
+
+
+def dropout_ab(run: TrainingRun, batches: list, warmup: int) -> dict[str, float]:
+    """Target tokens/s per dropout kind, each timed batch run once per kind, the order rotating."""
+    kinds = {"ours": model.Dropout.forward, "torch": lambda self, x: F.dropout(x, self.p, self.training),
+             "none": lambda self, x: x}
+    modules = [m for m in run.model.modules() if isinstance(m, model.Dropout) and m.p > 0]
+    seconds, tokens = dict.fromkeys(kinds, 0.0), dict.fromkeys(kinds, 0)
+    step = 0
+    for i, indices in enumerate(batches):
+        names = list(kinds)[i % 3:] + list(kinds)[: i % 3] if i >= warmup else ["ours"]
+        for name in names:
+            for m in modules:
+                m.forward = types.MethodType(kinds[name], m)
+            step += 1
+            start = time.perf_counter()
+            stats = run.trainer.update(run.train, [indices], int(run.train.tgt_lengths[indices].sum()), step,
+                                       run.pad_multiple)
+            if i >= warmup:
+                seconds[name] += time.perf_counter() - start
+                tokens[name] += stats["tokens"] if stats else 0
+    speed = {name: tokens[name] / seconds[name] for name in kinds}
+    return {f"target_tokens_per_s_{name}": round(v, 1) for name, v in speed.items()} | {
+        "dropout_share_ours": round(1 - speed["ours"] / speed["none"], 4),
+        "dropout_share_torch": round(1 - speed["torch"] / speed["none"], 4)}
 
 
 if __name__ == "__main__":
