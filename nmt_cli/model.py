@@ -38,9 +38,9 @@ class Dropout(nn.Module):
     elements (its four 16-bit parts, compared with one threshold), instead of torch's per-element
     Bernoulli sampler: torch draws CPU random numbers on one thread. On a 2-core CPU, dropout so
     costs 3-4% of a training step (5-7% with two elements a draw, 8-14% with F.dropout; measured
-    by tests/benchmarks/train_speed.py --dropout-ab).
-    p is taken to a multiple of 2^-16 (0.1 becomes 0.100006), and the scale is that of the p
-    taken, so the expected output is exactly the input. Elsewhere (CUDA) it is torch's kernel.
+    by tests/benchmarks/train_speed.py --dropout-ab). p is taken to a multiple of 2^-16 (0.1
+    becomes 0.100006), and the scale is that of the p taken, so the expected output is exactly
+    the input. Elsewhere (CUDA) it is torch's kernel.
     """
 
     def __init__(self, p: float) -> None:
