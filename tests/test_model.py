@@ -225,6 +225,12 @@ def test_cpu_dropout_keeps_1_minus_p_in_each_part_of_a_draw_and_rescales(p):
         assert abs(both - (1 - p) ** 2) < 5 * sigma
 
 
+def test_cpu_dropout_near_1_drops_everything():
+    drop = Dropout(1 - 2**-18).train()  # rounds to all 2^16 values dropped: no division by zero
+    assert drop.scale == 0.0
+    assert torch.equal(drop(torch.ones(1000)), torch.zeros(1000))
+
+
 def test_dropout_is_identity_in_eval_and_seeded_in_training():
     x = torch.randn(64, 32)
     drop = Dropout(0.1)

@@ -23,6 +23,7 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -66,9 +67,7 @@ def main() -> None:
         if step == args.warmup + 1:
             sync()
             start, cpu_start, tokens = time.perf_counter(), time.process_time(), 0
-        update_tokens = int(run.train.tgt_lengths[indices].sum())
-        stats = run.trainer.update(run.train, [indices], update_tokens, step, run.pad_multiple)
-        tokens += stats["tokens"] if stats else 0
+        tokens += update(run, indices, step)
     sync()
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     params = sum(p.numel() for p in run.model.parameters())
@@ -81,6 +80,13 @@ def main() -> None:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
     }))
+
+
+def update(run: TrainingRun, indices: np.ndarray, step: int) -> int:
+    """One update on one batch; its target tokens (0 if the update was skipped)."""
+    stats = run.trainer.update(run.train, [indices], int(run.train.tgt_lengths[indices].sum()), step,
+                               run.pad_multiple)
+    return stats["tokens"] if stats else 0
 
 
 def dropout_ab(run: TrainingRun, batches: list, warmup: int) -> dict[str, float]:
@@ -97,11 +103,10 @@ def dropout_ab(run: TrainingRun, batches: list, warmup: int) -> dict[str, float]
                 m.forward = types.MethodType(kinds[name], m)
             step += 1
             start = time.perf_counter()
-            stats = run.trainer.update(run.train, [indices], int(run.train.tgt_lengths[indices].sum()), step,
-                                       run.pad_multiple)
+            update_tokens = update(run, indices, step)
             if i >= warmup:
                 seconds[name] += time.perf_counter() - start
-                tokens[name] += stats["tokens"] if stats else 0
+                tokens[name] += update_tokens
     speed = {name: tokens[name] / seconds[name] for name in kinds}
     return {f"target_tokens_per_s_{name}": round(v, 1) for name, v in speed.items()} | {
         "dropout_share_ours": round(1 - speed["ours"] / speed["none"], 4),
