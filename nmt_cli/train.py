@@ -181,6 +181,11 @@ class Trainer:
             self.optimizer = adam(model.parameters(), **options)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == torch.float16)
         self.epsilon = model.config.label_smoothing
+        # On the CPU only the real target positions go through the vocabulary projection, the
+        # largest matmul. On a GPU that selection (a boolean index, its size known only to the
+        # device) would make the host wait for the device at every batch and split a compiled
+        # graph, so every position is projected and the loss masks the padding.
+        self.project_real_only = runtime.device.type == "cpu"
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype,
@@ -221,14 +226,15 @@ class Trainer:
 
     def loss(self, net: torch.nn.Module, data: ParallelData, indices: np.ndarray,
              pad_multiple: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Label-smoothed loss and NLL sums and the token count of one batch; only real target
-        positions are projected to the vocabulary."""
+        """Label-smoothed loss and NLL sums and the token count of one batch (padding excluded)."""
         batch = data.collate(indices, pad_multiple).to(self.runtime.device)
-        keep = batch.tgt_out != PAD_ID
+        real = batch.tgt_out != PAD_ID
+        keep = real if self.project_real_only else None
         with self.autocast():
-            logits = net(batch.src, batch.tgt_in, keep)  # (real target tokens, vocab)
-        loss, nll = label_smoothed_loss(logits, batch.tgt_out[keep], self.epsilon)
-        return loss, nll, keep.sum().float()
+            logits = net(batch.src, batch.tgt_in, keep)  # (real target tokens, vocab) or (batch, length, vocab)
+        target = batch.tgt_out if keep is None else batch.tgt_out[keep]
+        loss, nll = label_smoothed_loss(logits, target, self.epsilon)
+        return loss, nll, real.sum().float()
 
     @torch.inference_mode()
     def validate(self, data: ParallelData, batches: list[np.ndarray], pad_multiple: int) -> dict[str, float]:

@@ -8,7 +8,10 @@ multiples of 8, SDPA attention), and prints one JSON line: target tokens/s and t
   mfu_6nd: 6 x parameters x target tokens/s (the usual decoder-only formula);
   mfu_matmul: 6 x (encoder parameters x source tokens + (decoder parameters + V x d) x target
   tokens)/s, the matmul FLOPs an encoder-decoder really does (attention scores not counted).
-Runs on CPU too (`--device cpu`, small settings) to check the code path.
+On a GPU it also counts the calls that made the host wait for the device in the timed updates
+(torch.cuda.set_sync_debug_mode): host_waits_per_update, 1 by design (the update's loss sums,
+read to skip a non-finite update and to log). Runs on CPU too (`--device cpu`, small settings)
+to check the code path.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -65,23 +69,30 @@ def main() -> None:
         data = synthetic_pairs(Path(work), 200_000, vocab)
         batches = token_batches(data.src_lengths, data.tgt_lengths, args.max_tokens, pad_to_multiple=pad_multiple)
         order = np.random.default_rng(1).permutation(len(batches))[: args.warmup + args.updates]
-        sync = torch.cuda.synchronize if runtime.device.type == "cuda" else (lambda: None)
+        cuda = runtime.device.type == "cuda"
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
         src_tokens = tgt_tokens = 0
-        for step, b in enumerate(order, start=1):
-            if step == args.warmup + 1:
-                sync()
-                start, src_tokens, tgt_tokens = time.perf_counter(), 0, 0
-            indices = batches[b]
-            trainer.update(data, [indices], int(data.tgt_lengths[indices].sum()), step, pad_multiple)
-            src_tokens += int(data.src_lengths[indices].sum())
-            tgt_tokens += int(data.tgt_lengths[indices].sum())
-        sync()
-        seconds = time.perf_counter() - start
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step, b in enumerate(order, start=1):
+                if step == args.warmup + 1:
+                    sync()
+                    start, src_tokens, tgt_tokens = time.perf_counter(), 0, 0
+                    if cuda:  # from here on, every call that makes the host wait for the GPU warns
+                        torch.cuda.set_sync_debug_mode("warn")
+                indices = batches[b]
+                trainer.update(data, [indices], int(data.tgt_lengths[indices].sum()), step, pad_multiple)
+                src_tokens += int(data.src_lengths[indices].sum())
+                tgt_tokens += int(data.tgt_lengths[indices].sum())
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+            sync()
+            seconds = time.perf_counter() - start
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
     params = sum(p.numel() for p in model.parameters())
     encoder = sum(p.numel() for p in model.encoder_layers.parameters())
     decoder = sum(p.numel() for p in model.decoder_layers.parameters())
     peak = args.peak_tflops * 1e12
-    cuda = runtime.device.type == "cuda"
     matmul_flops = 6 * (encoder * src_tokens + (decoder + vocab * model.config.d_model) * tgt_tokens)
     print(json.dumps({
         "benchmark": "gpu_speed", "arch": args.arch, "parameters": params, "device": str(runtime.device),
@@ -90,6 +101,7 @@ def main() -> None:
         "target_tokens_per_s": round(tgt_tokens / seconds, 1), "updates_per_s": round(args.updates / seconds, 3),
         "mfu_6nd": round(6 * params * tgt_tokens / seconds / peak, 4),
         "mfu_matmul": round(matmul_flops / seconds / peak, 4), "peak_tflops": args.peak_tflops,
+        "host_waits_per_update": round(syncs / args.updates, 2) if cuda else None,
         "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
     }))
 
