@@ -47,13 +47,21 @@ def test_written_out_attention_equals_the_fused_kernel(norm, monkeypatch):
     src = torch.cat([random_tokens(2, 9), torch.cat([random_tokens(1, 5), torch.full((1, 4), PAD)], 1)])
     tgt = torch.cat([random_tokens(2, 7), torch.cat([random_tokens(1, 3), torch.full((1, 4), PAD)], 1)])
 
+    fused_calls = []
+    sdpa = model_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: fused_calls.append(1) or sdpa(*args, **kwargs))
+
     def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
         out = model(src, tgt)
         return out, list(torch.autograd.grad((out * torch.linspace(-1, 1, out.size(-1))).sum(), model.parameters()))
 
     written_out, written_out_grads = run()
+    assert not fused_calls  # every attention of the model written out
     monkeypatch.setattr(model_module, "MATH_ATTENTION_MAX_KEYS", 0)
     fused, fused_grads = run()
+    layers = model.config.encoder_layers + 2 * model.config.decoder_layers
+    assert len(fused_calls) == layers  # and now every one fused
     torch.testing.assert_close(written_out, fused, rtol=0, atol=1e-5)
     for a, b in zip(written_out_grads, fused_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
