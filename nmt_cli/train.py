@@ -398,13 +398,14 @@ class TrainingRun:
             ckpt.link(path, self.save_dir / "checkpoint_best.pt")
         ckpt.prune(self.save_dir, self.config.keep_last)
 
-    def agree(self, flag: bool) -> bool:
-        """True on every process when it is True on any (time- and signal-based decisions)."""
+    def agree(self, *flags: bool) -> list[bool]:
+        """Each flag True on every process when it is True on any (time- and signal-based
+        decisions), in one all-reduce."""
         if self.runtime.world == 1:
-            return flag
-        value = torch.tensor([float(flag)], device=self.runtime.device)
+            return list(flags)
+        value = torch.tensor([float(flag) for flag in flags], device=self.runtime.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
+        return [bool(v) for v in value.tolist()]
 
     def validate(self) -> bool:
         """Validate, log, and return whether this is the best result so far (by the chosen metric)."""
@@ -559,7 +560,7 @@ class TrainingRun:
         c, p = self.config, self.progress
         out_of_time = c.max_time is not None and self.elapsed() >= c.max_time * 60
         save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
-        out_of_time, save_due, stop = (self.agree(x) for x in (out_of_time, save_due, bool(interrupted)))
+        out_of_time, save_due, stop = self.agree(out_of_time, save_due, bool(interrupted))
         reason = self.done()
         if stop:
             reason = f"interrupted by signal {interrupted[0] if interrupted else ''}".strip()

@@ -217,6 +217,31 @@ def test_two_processes_equal_one_with_update_freq_2(tmp_path):
     assert any(not torch.allclose(one["model"][k], initial[k]) for k in initial)
 
 
+def _agree_in_process(rank: int, init_file: str, flags: list[tuple[bool, ...]], out: str) -> None:
+    import types
+
+    import torch.distributed as dist
+
+    from nmt_cli.train import Runtime
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=len(flags))
+    run = types.SimpleNamespace(runtime=Runtime(torch.device("cpu"), torch.float32, rank=rank, world=len(flags)))
+    agreed = TrainingRun.agree(run, *flags[rank])
+    dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(agreed, f)
+
+
+def test_processes_agree_on_each_flag_in_one_all_reduce(tmp_path):
+    """A stop, save or time-out seen by any process is seen by all, flag by flag."""
+    import torch.multiprocessing as mp
+
+    flags = [(True, False, False), (False, False, True)]
+    mp.spawn(_agree_in_process, args=(str(tmp_path / "init"), flags, str(tmp_path / "agreed")), nprocs=2)
+    for rank in range(2):
+        assert json.loads((tmp_path / f"agreed.{rank}").read_text()) == [True, False, True]
+
+
 def test_eval_bleu_selects_best_checkpoint_by_bleu(tmp_path):
     data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
     run_training(data, tmp_path / "ck", LEARNER, max_updates=150, validate_interval_updates=75, eval_bleu=True,
