@@ -1,0 +1,50 @@
+"""The benchmark scripts still run and print their JSON (tiny settings; no speed is checked here).
+
+The README's Performance figures come from these scripts, so a change to the library that breaks
+one should fail here, not on the next person who measures. The side-by-sides with fairseq and
+CTranslate2 need those packages, and preprocess_speed the whole of Multi30k: not run here.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import synthetic_data_dir, tiny_checkpoint, write_lines
+
+BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
+
+
+def run(script: str, *args: object) -> list[dict]:
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_train_speed(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    (plain,) = run("train_speed.py", data, "--max-tokens", 200, "--warmup", 1, "--updates", 2, "--threads", 1)
+    assert plain["benchmark"] == "train_speed" and plain["target_tokens_per_s"] > 0 and plain["peak_rss_mb"] > 0
+    (ab,) = run("train_speed.py", data, "--max-tokens", 200, "--warmup", 1, "--updates", 2, "--threads", 1,
+                "--dropout-ab")
+    assert all(ab[f"target_tokens_per_s_{kind}"] > 0 for kind in ("ours", "torch", "none"))
+
+
+def test_decode_speed(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    (result,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1)
+    assert result["sentences"] == 3 and result["target_tokens_per_s"] > 0 and 0 <= result["bleu"] <= 100
+
+
+def test_gpu_speed_runs_its_code_path_on_the_cpu():
+    (result,) = run("gpu_speed.py", "--device", "cpu", "--precision", "fp32", "--arch", "small", "--vocab", 200,
+                    "--max-tokens", 300, "--warmup", 1, "--updates", 2)
+    assert result["device"] == "cpu" and result["target_tokens_per_s"] > 0 and 0 < result["mfu_matmul"] < 1
+    assert result["host_waits_per_update"] is None  # counted on a GPU only
+
+
+def test_attention_speed():
+    results = run("attention_speed.py", "--rounds", 1, "--repeat", 1, "--threads", 1)
+    assert results and all(r["fused_ms"][0] > 0 and r["written_out_ms"][0] > 0 for r in results)
