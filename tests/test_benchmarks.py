@@ -2,7 +2,7 @@
 
 The README's Performance figures come from these scripts, so a change to the library that breaks
 one should fail here, not on the next person who measures. The side-by-sides with fairseq and
-CTranslate2 need those packages, and preprocess_speed the whole of Multi30k: not run here.
+CTranslate2 need those packages: not run here.
 """
 
 import json
@@ -48,3 +48,9 @@ def test_gpu_speed_runs_its_code_path_on_the_cpu():
 def test_attention_speed():
     results = run("attention_speed.py", "--rounds", 1, "--repeat", 1, "--threads", 1)
     assert results and all(r["fused_ms"][0] > 0 and r["written_out_ms"][0] > 0 for r in results)
+
+
+def test_preprocess_speed(multi30k):
+    *runs, speedup = run("preprocess_speed.py", "--lines", 300, "--bpe-merges", 200, "--rounds", 2)
+    assert [r["workers"] for r in runs] == [1, 2, 1, 2] and all(r["train_pairs"] == 300 for r in runs)
+    assert len(speedup["per_round"]["bpe_binarize"]) == 2

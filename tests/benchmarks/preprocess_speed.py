@@ -6,7 +6,8 @@ per worker count, in a subprocess, and prints one JSON line per run: seconds per
 tokenize and of BPE+binarize (stage 3's segmentation of the training words plus the binarization
 of every split), and the subprocess's peak RSS. With `--rounds`, the worker counts alternate R
 times (this machine's speed drifts between runs), and a last line gives, per round, the speed-up
-of the last worker count over the first, and the medians.
+of the last worker count over the first, and the medians. `--lines N` takes only the first N
+training pairs, for a quick check.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from pathlib import Path
 from common import SHARED
 
 
-def make_corpus(out: Path, repeat: int) -> int:
+def make_corpus(out: Path, repeat: int, first: int | None = None) -> int:
     lines = 0
     for lang in ("en", "de"):
-        src = (SHARED / "multi30k" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        src = (SHARED / "multi30k" / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:first]
         with open(out / f"train.{lang}", "w", encoding="utf-8") as f:
             for k in range(repeat):
                 for line in src:
@@ -74,10 +75,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--bpe-merges", type=int, default=8000)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--lines", type=int, default=None, help="only the first LINES training pairs (a quick check)")
     args = parser.parse_args()
     speedups: dict[str, list[float]] = {"bpe_binarize": [], "tokenize": []}
     with tempfile.TemporaryDirectory() as tmp:
-        make_corpus(Path(tmp), args.repeat)
+        make_corpus(Path(tmp), args.repeat, args.lines)
         for _ in range(args.rounds):
             runs = [run(Path(tmp), workers, args.bpe_merges) for workers in args.workers]
             for r in runs:
