@@ -364,33 +364,22 @@ def test_adam_is_fused_where_torch_can_and_unfused_where_it_cannot(monkeypatch):
 
 def test_projecting_every_position_gives_the_loss_and_gradients_of_projecting_real_ones(tmp_path):
     """The GPU's way (no boolean index, padding masked in the loss) against the CPU's."""
-    from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData
-    from nmt_cli.model import Transformer
     from nmt_cli.train import Runtime, Trainer
 
-    rng = np.random.default_rng(0)
-    lengths = {"src": [3, 7, 5, 2], "tgt": [6, 2, 4, 8]}  # every batch row but one padded
-    sides = []
-    for name, lens in lengths.items():
-        writer = ArrayWriter(tmp_path / name, np.dtype(np.uint16))
-        writer.extend(rng.integers(4, 20, sum(lens)), np.array(lens))
-        writer.close()
-        sides.append(IndexedArray(tmp_path / name, np.dtype(np.uint16)))
-    data = ParallelData(*sides)
     torch.manual_seed(0)
-    model = Transformer(LEARNER, 20, 20, PAD_ID, True).eval()  # no dropout: both passes see the same net
-    cpu = Trainer(model, TrainConfig(), Runtime(torch.device("cpu"), torch.float32))
+    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", LEARNER)
+    model, cpu, indices = run.model.eval(), run.trainer, np.arange(4)  # eval: both passes see the same net
     assert cpu.project_real_only and not Trainer(model, TrainConfig(),
                                                  Runtime(torch.device("cuda"), torch.float32)).project_real_only
     results = []
     for real_only in (True, False):
         cpu.project_real_only = real_only
         model.zero_grad()
-        loss, nll, tokens = cpu.loss(model, data, np.arange(4), pad_multiple=8)
+        loss, nll, tokens = cpu.loss(model, run.train, indices, pad_multiple=8)  # 4-9 tokens, padded to a multiple of 8
         loss.backward()
         results.append((loss.item(), nll.item(), tokens.item(), [p.grad.clone() for p in model.parameters()]))
     (loss_a, nll_a, tokens_a, grads_a), (loss_b, nll_b, tokens_b, grads_b) = results
-    assert tokens_a == tokens_b == sum(lengths["tgt"]) + 4  # with EOS, padding excluded
+    assert tokens_a == tokens_b == run.train.tgt_lengths[indices].sum()  # with EOS, padding excluded
     assert loss_a == pytest.approx(loss_b, rel=1e-5) and nll_a == pytest.approx(nll_b, rel=1e-5)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_a, grads_b))
 

@@ -97,7 +97,8 @@ def dropout_ab(run: TrainingRun, batches: list, warmup: int) -> dict[str, float]
     seconds, tokens = dict.fromkeys(kinds, 0.0), dict.fromkeys(kinds, 0)
     step = 0
     for i, indices in enumerate(batches):
-        names = list(kinds)[i % 3:] + list(kinds)[: i % 3] if i >= warmup else ["ours"]
+        turn = i % len(kinds)
+        names = list(kinds)[turn:] + list(kinds)[:turn] if i >= warmup else ["ours"]
         for name in names:
             for m in modules:
                 m.forward = types.MethodType(kinds[name], m)
