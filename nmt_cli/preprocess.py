@@ -1,7 +1,7 @@
 """`nmt preprocess`: raw parallel text to a self-describing data directory.
 
 Stages, each streamed (memory does not grow with the corpus, only with its word vocabulary):
-1. read + tokenize the training pairs (workers), drop unusable pairs, count words;
+1. read the training pairs; tokenize them, drop unusable pairs and count words (workers);
 2. learn joint BPE codes from the word counts (subword-nmt, one process);
 3. segment each distinct training word once and count subwords (workers), build the vocabulary;
 4. apply BPE (once per distinct word) and binarize every split (workers). Only the training split
@@ -141,12 +141,12 @@ WARM_UP_LINE = 'A "warm-up" line: 1,000 words (and more) - it\'s here.'
 
 
 def _init_worker(text: TextConfig, src_vocab: list[str] | None = None, tgt_vocab: list[str] | None = None,
-                 max_chars: int = 0, dtype: np.dtype | None = None, segmenter: TextProcessor | None = None,
+                 dtype: np.dtype | None = None, segmenter: TextProcessor | None = None,
                  word_counts: tuple[Counter, Counter] | None = None) -> None:
     """The state of a stage's workers, built in the parent and inherited by the forked workers.
     `segmenter`: the processor holding the BPE codes (and, in stage 4, every training word
     segmented already), whose BPE the workers share instead of each parsing the codes again."""
-    _worker.update(max_chars=max_chars, dtype=dtype, word_counts=word_counts)
+    _worker.update(dtype=dtype, word_counts=word_counts)
     _worker["src"] = TextProcessor(text, text.source_lang)
     _worker["tgt"] = TextProcessor(text, text.target_lang)
     if segmenter is not None:
@@ -176,17 +176,42 @@ class WordIds:
         return ids
 
 
-def _tokenize_chunk(pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[str]] | str]:
-    """Words of both sides, or the reason a raw pair is dropped before tokenizing it."""
-    out: list[tuple[list[str], list[str]] | str] = []
+@dataclass
+class TokenizedChunk:
+    """Stage 1's result for a chunk of training pairs, ready for the parent to append: the kept
+    pairs' tokenized lines, their word counts, and why the others were dropped."""
+
+    lines: tuple[bytes, bytes]
+    words: tuple[Counter, Counter]
+    kept: int
+    dropped: Counter
+
+
+def _tokenize_chunk(pairs: list[tuple[str, str]], max_len: int, max_ratio: float) -> TokenizedChunk:
+    """Tokenize and filter raw training pairs. A pair with a NUL byte, or too long to fit in
+    `max_len` tokens, is dropped before tokenizing it. Filtering, joining and counting happen
+    here, not in the parent, which would otherwise hold every worker back (one process feeds them all)."""
+    src, tgt = _worker["src"], _worker["tgt"]
+    max_chars = MAX_CHARS_PER_TOKEN * max_len
+    lines: tuple[list[str], list[str]] = ([], [])
+    words: tuple[list[str], list[str]] = ([], [])
+    dropped: Counter = Counter()
     for s, t in pairs:
         if "\x00" in s or "\x00" in t:
-            out.append("nul_byte")
-        elif max(len(s), len(t)) > _worker["max_chars"]:
-            out.append("too_long")
+            reason: str | None = "nul_byte"
+        elif max(len(s), len(t)) > max_chars:
+            reason = "too_long"
         else:
-            out.append((_worker["src"].tokenize(s), _worker["tgt"].tokenize(t)))
-    return out
+            pair = src.tokenize(s), tgt.tokenize(t)
+            reason = drop_reason(*pair, max_len, max_ratio)
+        if reason:
+            dropped[reason] += 1
+            continue
+        for side, side_lines, side_words in zip(pair, lines, words):
+            side_lines.append(" ".join(side))
+            side_words.extend(side)
+    return TokenizedChunk(tuple("".join(f"{line}\n" for line in side).encode("utf-8") for side in lines),
+                          (Counter(words[0]), Counter(words[1])), len(lines[0]), dropped)
 
 
 def _segment_words(words: list[str]) -> tuple[dict[str, tuple[str, ...]], Counter, Counter]:
@@ -343,28 +368,20 @@ def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work
     tgt_words: Counter = Counter()
     ranges: list[LineRange] = []
     lang_s, lang_t = opts.text.source_lang, opts.text.target_lang
+    tokenize = functools.partial(_tokenize_chunk, max_len=opts.max_len, max_ratio=opts.max_len_ratio)
     with open(work / f"train.tok.{lang_s}", "wb") as fs, open(work / f"train.tok.{lang_t}", "wb") as ft, \
-            Workers(opts.workers, text=opts.text, max_chars=MAX_CHARS_PER_TOKEN * opts.max_len) as workers:
-        results = workers.map(_tokenize_chunk, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES))
+            Workers(opts.workers, text=opts.text) as workers:
+        results = workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
-            start, written = (fs.tell(), ft.tell()), 0
-            for pair in chunk:
-                stats.pairs_in += 1
-                if isinstance(pair, str):
-                    stats.dropped[pair] += 1
-                    continue
-                s, t = pair
-                reason = drop_reason(s, t, opts.max_len, opts.max_len_ratio)
-                if reason:
-                    stats.dropped[reason] += 1
-                    continue
-                src_words.update(s)
-                tgt_words.update(t)
-                fs.write((" ".join(s) + "\n").encode("utf-8"))
-                ft.write((" ".join(t) + "\n").encode("utf-8"))
-                written += 1
-            if written:
-                ranges.append(LineRange(work / f"train.tok.{lang_s}", work / f"train.tok.{lang_t}", *start, written))
+            stats.pairs_in += chunk.kept + chunk.dropped.total()
+            stats.dropped.update(chunk.dropped)
+            if chunk.kept:
+                ranges.append(LineRange(work / f"train.tok.{lang_s}", work / f"train.tok.{lang_t}",
+                                        fs.tell(), ft.tell(), chunk.kept))
+                fs.write(chunk.lines[0])
+                ft.write(chunk.lines[1])
+                src_words.update(chunk.words[0])
+                tgt_words.update(chunk.words[1])
     return src_words, tgt_words, ranges
 
 

@@ -130,6 +130,22 @@ def test_two_workers_write_the_same_files_as_one(multi30k, tmp_path):
     assert one == two
 
 
+def test_workers_filter_chunks_and_the_kept_pairs_stay_in_order(tmp_path, monkeypatch):
+    # Chunks of 3 pairs: the first keeps two, the second is dropped whole, the third keeps its one.
+    monkeypatch.setattr("nmt_cli.preprocess.CHUNK_LINES", 3)
+    en = ["the red cat", "a dog", "", "", "hello", "x \x00 y", "cats sit on mats"]
+    de = ["die rote Katze", "ein Hund", "Zug", "", "", "x y", "Katzen sitzen auf Matten"]
+    result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", corpus(tmp_path, en, de) / "train",
+                 "--destdir", tmp_path / "out", "--quiet", "--workers", 2, "--bpe-merges", 10)
+    assert result.exit_code == 0, result.output
+    train = json.loads((tmp_path / "out/meta.json").read_text())["splits"]["train"]
+    assert train["pairs_in"] == 7 and train["pairs_out"] == 3
+    assert train["dropped"] == {"empty": 3, "nul_byte": 1}
+    for lang, expected in (("en", ["the red cat", "a dog", "cats sit on mats"]),
+                           ("de", ["die rote Katze", "ein Hund", "Katzen sitzen auf Matten"])):
+        assert [" ".join(t).replace("@@ ", "") for t in read_split(tmp_path / "out", "train", lang)] == expected
+
+
 def test_round_trip_through_the_data_dir(multi30k, tmp_path):
     for lang in ("en", "de"):
         write_lines(tmp_path / f"train.{lang}", head(multi30k / f"train.{lang}", 1000))
