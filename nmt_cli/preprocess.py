@@ -48,6 +48,10 @@ from nmt_cli.vocab import SPECIALS, UNK_ID, Vocabulary
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 250  # small enough that a 1,000-line test set still keeps every worker busy
+# The training split's chunks are larger: each chunk costs the parent 1-3 ms of CPU in its pool's
+# threads (sending, receiving), and the one parent feeds every worker. On Multi30k with 2 workers,
+# chunks of 1,000 lines instead of 250 halve the parent's CPU time in stages 1 and 4.
+TRAIN_CHUNK_LINES = 1000
 CHUNK_WORDS = 2000
 # A training line with more characters than this times --max-len cannot fit in --max-len tokens in
 # practice; it is dropped as too long without running the tokenizer over it (a 1 MB line, say).
@@ -371,7 +375,7 @@ def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work
     tokenize = functools.partial(_tokenize_chunk, max_len=opts.max_len, max_ratio=opts.max_len_ratio)
     with open(work / f"train.tok.{lang_s}", "wb") as fs, open(work / f"train.tok.{lang_t}", "wb") as ft, \
             Workers(opts.workers, text=opts.text) as workers:
-        results = workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), CHUNK_LINES))
+        results = workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), TRAIN_CHUNK_LINES))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
             stats.pairs_in += chunk.kept + chunk.dropped.total()
             stats.dropped.update(chunk.dropped)

@@ -132,7 +132,7 @@ def test_two_workers_write_the_same_files_as_one(multi30k, tmp_path):
 
 def test_workers_filter_chunks_and_the_kept_pairs_stay_in_order(tmp_path, monkeypatch):
     # Chunks of 3 pairs: the first keeps two, the second is dropped whole, the third keeps its one.
-    monkeypatch.setattr("nmt_cli.preprocess.CHUNK_LINES", 3)
+    monkeypatch.setattr("nmt_cli.preprocess.TRAIN_CHUNK_LINES", 3)
     en = ["the red cat", "a dog", "", "", "hello", "x \x00 y", "cats sit on mats"]
     de = ["die rote Katze", "ein Hund", "Zug", "", "", "x y", "Katzen sitzen auf Matten"]
     result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", corpus(tmp_path, en, de) / "train",
