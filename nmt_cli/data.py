@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+
+if TYPE_CHECKING:
+    import torch
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -112,6 +115,7 @@ class Batch:
 
 def pad(sequences: Sequence[np.ndarray], multiple: int = 1) -> torch.Tensor:
     """(batch, longest) int64 tensor, right-padded with PAD_ID to a multiple of `multiple`."""
+    import torch  # here, not at the top: `nmt preprocess` writes this module's files without loading torch
     longest = max(len(s) for s in sequences)
     longest = -(-longest // multiple) * multiple
     out = np.full((len(sequences), longest), PAD_ID, dtype=np.int64)
