@@ -54,3 +54,9 @@ def test_preprocess_speed(multi30k):
     *runs, speedup = run("preprocess_speed.py", "--lines", 300, "--bpe-merges", 200, "--rounds", 2)
     assert [r["workers"] for r in runs] == [1, 2, 1, 2] and all(r["train_pairs"] == 300 for r in runs)
     assert len(speedup["per_round"]["bpe_binarize"]) == 2
+
+
+def test_matmul_speed():
+    results = run("matmul_speed.py", "--scale", 0.05, "--seconds", 0.02, "--rounds", 1)
+    assert len(results) == 4 and all(r["gflops_1_thread"] > 0 and r["gflops_2_threads"] > 0 for r in results)
+    assert all(r["gflops_slowest_of_2_processes_at_once"] > 0 for r in results)
