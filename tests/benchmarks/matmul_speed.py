@@ -1,13 +1,13 @@
 """This machine's float32 matrix-product ceiling: `python tests/benchmarks/matmul_speed.py`.
 
-Times torch's matmul (MKL on x86 CPUs) at the shapes of a `small` training step at 4,096 tokens
-(a linear layer's forward and both backward products, the vocabulary projection) and a 2,048 cube,
-three ways, alternating `--rounds` times: one process of 1 thread, one process of `--threads`
-threads, and `--threads` processes of 1 thread each at the same time (the slowest of them). One JSON
-line per shape, medians in GFLOP/s (2 m k n per product). The ratio of the second to the first is
-what threads can give; the third shows whether processes running at once slow each other down
-(shared cores or memory). No model code is involved: this is
-the bound that training and decoding on this CPU work against.
+Times torch's matmul (MKL on x86 CPUs) at shapes of a `small` training step at 4,096 tokens (a
+feed-forward layer's forward product and its weight gradient, the vocabulary projection) and a
+2,048 cube, three ways, alternating `--rounds` times: one process of 1 thread, one process of
+`--threads` threads, and `--threads` processes of 1 thread each at the same time (the slowest of
+them). One JSON line per shape, medians in GFLOP/s (2 m k n per product). The ratio of the second
+to the first is what threads can give; the third shows whether processes running at once slow each
+other down (shared cores or memory). No model code is involved: this is the bound that training
+and decoding on this CPU work against.
 """
 
 from __future__ import annotations
