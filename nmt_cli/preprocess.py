@@ -396,7 +396,7 @@ def binarize(items: Iterable[Any], encode: Callable[[Any], Packed], workers: Wor
     src, tgt = opts.text.source_lang, opts.text.target_lang
     writers = {src: ArrayWriter(Path(f"{prefix}.{src}"), dtype), tgt: ArrayWriter(Path(f"{prefix}.{tgt}"), dtype)}
     try:
-        for packed in tqdm(workers.map(encode, items), desc=desc, unit="kline", disable=not show_progress(opts)):
+        for packed in tqdm(workers.map(encode, items), desc=desc, unit="chunk", disable=not show_progress(opts)):
             kept = len(packed.lengths[0])
             stats.pairs_in += 0 if training else kept
             stats.pairs_out += kept
