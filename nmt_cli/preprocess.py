@@ -371,17 +371,15 @@ def tokenize_train(opts: PreprocessOptions, src_path: Path, tgt_path: Path, work
     src_words: Counter = Counter()
     tgt_words: Counter = Counter()
     ranges: list[LineRange] = []
-    lang_s, lang_t = opts.text.source_lang, opts.text.target_lang
+    src_tok, tgt_tok = (work / f"train.tok.{lang}" for lang in (opts.text.source_lang, opts.text.target_lang))
     tokenize = functools.partial(_tokenize_chunk, max_len=opts.max_len, max_ratio=opts.max_len_ratio)
-    with open(work / f"train.tok.{lang_s}", "wb") as fs, open(work / f"train.tok.{lang_t}", "wb") as ft, \
-            Workers(opts.workers, text=opts.text) as workers:
+    with open(src_tok, "wb") as fs, open(tgt_tok, "wb") as ft, Workers(opts.workers, text=opts.text) as workers:
         results = workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), TRAIN_CHUNK_LINES))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
             stats.pairs_in += chunk.kept + chunk.dropped.total()
             stats.dropped.update(chunk.dropped)
             if chunk.kept:
-                ranges.append(LineRange(work / f"train.tok.{lang_s}", work / f"train.tok.{lang_t}",
-                                        fs.tell(), ft.tell(), chunk.kept))
+                ranges.append(LineRange(src_tok, tgt_tok, fs.tell(), ft.tell(), chunk.kept))
                 fs.write(chunk.lines[0])
                 ft.write(chunk.lines[1])
                 src_words.update(chunk.words[0])

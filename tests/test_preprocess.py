@@ -309,9 +309,11 @@ def test_workers_garbage_collector_leaves_inherited_objects_alone():
     assert gc.get_freeze_count() == 0  # and collected as usual here
 
 
-def test_preprocessing_does_not_load_torch():
+def test_preprocessing_does_not_load_torch(tmp_path):
     # Loading torch would add 1-3 s and some 50 MB to every `nmt preprocess`, which never uses it.
-    code = ("import sys; from nmt_cli.cli import main; import nmt_cli.preprocess; "
+    args = ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(corpus(tmp_path) / "train"), "--destdir",
+            str(tmp_path / "out"), "--quiet", "--workers", "2", "--bpe-merges", "10"]
+    code = (f"import sys; from nmt_cli.cli import main; main({args!r}, standalone_mode=False); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -47,9 +47,8 @@ def _init(barrier: Any) -> None:
     _barrier = barrier
 
 
-def _one_thread(args: tuple[tuple[int, int, int], float]) -> float:
+def _one_thread(shape: tuple[int, int, int], seconds: float) -> float:
     """In a worker: wait for the others (so that all time together), then time one thread."""
-    shape, seconds = args
     _barrier.wait()
     return gflops(shape, 1, seconds)
 
@@ -62,15 +61,15 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every dimension (a quick check)")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
+    shapes = [tuple(max(1, int(d * args.scale)) for d in shape) for shape in SHAPES]
     with context.Pool(args.threads, _init, (context.Barrier(args.threads),)) as pool:
-        gflops(SHAPES[0], args.threads, args.seconds)  # warm-up: the first products of a process run slower
-        for shape in SHAPES:
-            shape = tuple(max(1, int(d * args.scale)) for d in shape)
+        gflops(shapes[0], args.threads, args.seconds)  # warm-up: the first products of a process run slower
+        for shape in shapes:
             one, many, apart = [], [], []
             for _ in range(args.rounds):
                 one.append(gflops(shape, 1, args.seconds))
                 many.append(gflops(shape, args.threads, args.seconds))
-                apart.append(min(pool.map(_one_thread, [(shape, args.seconds)] * args.threads)))
+                apart.append(min(pool.starmap(_one_thread, [(shape, args.seconds)] * args.threads)))
             print(json.dumps({
                 "benchmark": "matmul_speed", "shape_mkn": shape, "rounds": args.rounds,
                 "gflops_1_thread": statistics.median(one), f"gflops_{args.threads}_threads": statistics.median(many),
