@@ -2,7 +2,7 @@
 
 Stages, each streamed (memory does not grow with the corpus, only with its word vocabulary):
 1. read the training pairs; tokenize them, drop unusable pairs and count words (workers);
-2. learn joint BPE codes from the word counts (subword-nmt, one process);
+2. learn joint BPE codes from the word counts (`text.learn_bpe`: subword-nmt's codes; one process);
 3. segment each distinct training word once and count subwords (workers), build the vocabulary;
 4. apply BPE (once per distinct word) and binarize every split (workers). Only the training split
    is filtered.
@@ -41,7 +41,7 @@ from nmt_cli.text import (
     check_codes,
     chunks,
     decode_lines,
-    learn_joint_bpe,
+    learn_bpe,
     subword_counts,
 )
 from nmt_cli.vocab import SPECIALS, UNK_ID, Vocabulary
@@ -481,7 +481,7 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
         codes: str | None = check_codes(text, f"{opts.bpe_codes}: BPE codes")  # names the file in errors
     elif opts.bpe_merges > 0:
         assert word_counts is not None
-        codes = learn_joint_bpe(word_counts[0] + word_counts[1], opts.bpe_merges, progress=show_progress(opts))
+        codes = learn_bpe(word_counts[0] + word_counts[1], opts.bpe_merges, progress=show_progress(opts))
     else:
         codes = None
     timings["learn_bpe"] = time.perf_counter() - start

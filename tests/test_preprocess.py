@@ -14,7 +14,7 @@ from conftest import head, write_lines
 
 from nmt_cli.cli import main
 from nmt_cli.data import IndexedArray
-from nmt_cli.text import TextConfig, TextProcessor, learn_joint_bpe, subword_counts
+from nmt_cli.text import TextConfig, TextProcessor, learn_bpe, subword_counts
 from nmt_cli.vocab import UNK_ID, Vocabulary
 
 TRAIN_EN = ["the red cat", "a dog", "", " ".join(["word"] * 25), "cats sit on mats",
@@ -264,7 +264,7 @@ def test_workers_segment_every_training_word_for_the_vocabulary(multi30k, monkey
     plain = TextProcessor(config, "en")
     counts = tuple(Counter(w for line in head(multi30k / f"train.{lang}", 300) for w in plain.tokenize(line))
                    for lang in ("en", "de"))
-    codes = learn_joint_bpe(counts[0] + counts[1], 200)
+    codes = learn_bpe(counts[0] + counts[1], 200)
     segmenter, reference = TextProcessor(config, "en", codes), TextProcessor(config, "en", codes)
     opts = pp.PreprocessOptions(config, Path("unused"), workers=2, progress=False)
     monkeypatch.setattr(pp, "CHUNK_WORDS", 100)  # several chunks per worker, whose counts are summed
@@ -282,7 +282,7 @@ def test_word_ids_equal_segmenting_the_whole_line(multi30k):
     config = TextConfig("en", "de")
     plain = TextProcessor(config, "de")
     lines = [plain.tokenize(line) for line in head(multi30k / "train.de", 300)]
-    codes = learn_joint_bpe(Counter(w for words in lines[:150] for w in words), 200)
+    codes = learn_bpe(Counter(w for words in lines[:150] for w in words), 200)
     processor = TextProcessor(config, "de", codes)
     vocab = Vocabulary.build(Counter(t for words in lines[:150] for t in processor.segment(words)))
     word_ids = pp.WordIds(processor, vocab)

@@ -1,10 +1,16 @@
 """Tokenization and BPE, and the way back, on real Multi30k lines."""
 
+import contextlib
+import io
+import random
 from collections import Counter
 
+import pytest
 from conftest import head
+from subword_nmt.learn_bpe import learn_bpe as subword_nmt_learn_bpe
 
-from nmt_cli.text import TextConfig, TextProcessor, learn_joint_bpe, subword_counts
+from nmt_cli import NmtError
+from nmt_cli.text import TextConfig, TextProcessor, learn_bpe, merge_pair, subword_counts
 from nmt_cli.vocab import Vocabulary
 
 
@@ -14,7 +20,7 @@ def test_round_trip_on_multi30k(multi30k):
         lines = head(multi30k / f"train.{lang}", 2000)
         plain = TextProcessor(config, lang)
         words = Counter(w for line in lines for w in plain.tokenize(line))
-        processor = TextProcessor(config, lang, learn_joint_bpe(words, 500))
+        processor = TextProcessor(config, lang, learn_bpe(words, 500))
         vocab = Vocabulary.build(subword_counts(processor, words))
         exact = 0
         for line in lines:
@@ -29,12 +35,43 @@ def test_round_trip_on_multi30k(multi30k):
         assert sum(len(processor.encode(line)) for line in lines) > sum(len(plain.tokenize(line)) for line in lines)
 
 
+def subword_nmt_codes(word_counts: Counter, merges: int) -> str:
+    codes = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+        subword_nmt_learn_bpe([f"{w} {c}" for w, c in word_counts.items()], codes, merges, is_dict=True)
+    return codes.getvalue()
+
+
+def test_learned_codes_are_subword_nmts(multi30k):
+    """The same merges in the same order as subword-nmt's learn-bpe: on real text, and on words of
+    two letters whose pairs tie all the time, run until no pair occurs twice."""
+    words = Counter(w for lang in ("en", "de") for line in head(multi30k / f"train.{lang}", 3000) for w in line.split())
+    assert learn_bpe(words, 1500) == subword_nmt_codes(words, 1500)
+    for seed in range(3):
+        rng = random.Random(seed)
+        ties = Counter({"".join(rng.choice("aab") for _ in range(rng.randint(1, 9))): rng.randint(1, 4)
+                        for _ in range(500)})
+        codes = learn_bpe(ties, 10_000)
+        assert codes == subword_nmt_codes(ties, 10_000)
+        assert len(codes.splitlines()) - 1 < 10_000  # stopped because no pair occurs twice
+
+
+def test_bpe_merges_by_hand():
+    # "a a a</w>": the pairs (a, a) and (a, a</w>) both occur twice; the larger pair wins the tie
+    assert learn_bpe(Counter({"aaa": 2}), 10) == "#version: 0.2\na a</w>\na aa</w>\n"
+    assert learn_bpe(Counter({"ab": 1, "cd": 1}), 10) == "#version: 0.2\n"  # no pair occurs twice
+    with pytest.raises(NmtError, match="every training word is one character"):
+        learn_bpe(Counter({"a": 3, "b": 1}), 10)
+    assert merge_pair(["a", "a", "a", "a</w>"], ("a", "a")) == ["aa", "a", "a</w>"]  # left to right
+    assert merge_pair(["b", "a", "b", "a"], ("b", "a")) == ["ba", "ba"]
+
+
 def test_subword_counts_equal_counting_the_segmented_corpus(multi30k):
     config = TextConfig("en", "de")
     lines = head(multi30k / "train.de", 300)
     plain = TextProcessor(config, "de")
     words = Counter(w for line in lines for w in plain.tokenize(line))
-    processor = TextProcessor(config, "de", learn_joint_bpe(words, 200))
+    processor = TextProcessor(config, "de", learn_bpe(words, 200))
     direct = Counter(t for line in lines for t in processor.encode(line))
     assert subword_counts(processor, words) == direct
 
@@ -62,7 +99,7 @@ def test_segmentations_made_by_one_processor_are_adopted_by_another(multi30k):
     config = TextConfig("en", "de")
     plain = TextProcessor(config, "en")
     words = sorted({w for line in head(multi30k / "train.en", 300) for w in plain.tokenize(line)})
-    codes = learn_joint_bpe(Counter(words), 200)
+    codes = learn_bpe(Counter(words), 200)
     worker, parent = TextProcessor(config, "en", codes), TextProcessor(config, "en", codes)
     made = worker.segmentations(words)
     assert set(made) == {w for w in words if len(w) > 1}
