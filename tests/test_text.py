@@ -127,3 +127,21 @@ def test_moses_tokenizer_gives_sacremoses_results(multi30k):
         for text in ("abc", "aBc", "", "ä", "1", "é.", ".", "A.B"):
             assert ours.islower(text) == reference.islower(text)
             assert ours.isanyalpha(text) == reference.isanyalpha(text)
+
+
+def test_punctuation_normalizer_gives_sacremoses_results(multi30k):
+    """Our MosesPunctNormalizer only prepares sacremoses' substitutions once: same text out, on
+    real lines and on lines holding what every substitution looks for."""
+    import sacremoses
+
+    from nmt_cli.text import MosesPunctNormalizer
+
+    crafted = ["„Hallo“ – sagte er… «\u00a0oui\u00a0» , ( a ) ; : ''x'' ´´ ‚b‘ don’t L‘a 5 % 1\u00a0000",
+               "nº\u00a01 \u00a0ºC 3\u00a0cm \u00a0? \u00a0! \u00a0; ,\u00a0x \u00a0% \u00a0: »\u00a0« \u00a0» ",
+               'He said "yes", then "no". `quoted` — dash\r  spaces   here (x) .', "", "   "]
+    for lang in ("en", "de", "fr", "cs", "es"):
+        ours, reference = MosesPunctNormalizer(lang=lang), sacremoses.MosesPunctNormalizer(lang=lang)
+        assert any(compiled is None for _, compiled, _ in ours.steps)  # some steps are plain replacements
+        lines = head(multi30k / f"train.{lang if lang in ('en', 'de', 'fr') else 'en'}", 500)
+        for line in crafted + lines:
+            assert ours.normalize(line) == reference.normalize(line), (lang, line)
