@@ -222,15 +222,16 @@ def learn_bpe(word_counts: Mapping[str, int], merges: int, min_frequency: int = 
     Each step merges the most frequent pair of adjacent symbols everywhere, ties going to the larger
     pair; it stops early when no pair occurs `min_frequency` times. Only the words holding the
     merged pair are visited again, and the pairs are kept grouped by count, so a step does not
-    look at every pair: subword-nmt takes the maximum over its pair statistics at every step, 70%
-    of its time. The codes are subword-nmt's (tests/test_text.py compares them); Multi30k en-de's
-    8,000 merges took 3.0-4.4 s here against subword-nmt's 10.7-14.2 s (the learn_bpe stage of
-    tests/benchmarks/preprocess_speed.py, three alternations on a 2-core CPU).
+    look at every pair: subword-nmt takes the maximum over its pair statistics at every step, 72%
+    of its time under cProfile. The codes are subword-nmt's (tests/test_text.py compares them);
+    Multi30k en-de's 8,000 merges took 3.6-4.4 s here against subword-nmt's 12.0-14.2 s (the
+    learn_bpe stage of tests/benchmarks/preprocess_speed.py, three alternations on a 2-core CPU).
     """
     if not any(len(word) > 1 for word in word_counts):
         raise NmtError("no BPE merge can be learned: every training word is one character (use --bpe-merges 0)")
-    words = [[*word[:-1], word[-1] + "</w>"] for word in word_counts if word]
-    freqs = [count for word, count in word_counts.items() if word]
+    entries = [(word, count) for word, count in word_counts.items() if word]
+    words = [[*word[:-1], word[-1] + "</w>"] for word, _ in entries]
+    freqs = [count for _, count in entries]
     holders: dict[Pair, set[int]] = defaultdict(set)  # the words each pair occurs (or occurred) in
     initial: Counter[Pair] = Counter()
     for i, (word, freq) in enumerate(zip(words, freqs)):

@@ -145,3 +145,8 @@ def test_punctuation_normalizer_gives_sacremoses_results(multi30k):
         lines = head(multi30k / f"train.{lang if lang in ('en', 'de', 'fr') else 'en'}", 500)
         for line in crafted + lines:
             assert ours.normalize(line) == reference.normalize(line), (lang, line)
+    # sacremoses' optional passes before and after the substitutions go through the same methods
+    options = {"pre_replace_unicode_punct": True, "post_remove_control_chars": True}
+    ours, reference = MosesPunctNormalizer(lang="en", **options), sacremoses.MosesPunctNormalizer(lang="en", **options)
+    for line in crafted + ["，。！？：；（）１２ 【x】 ％ a\u200bb\x07c"]:
+        assert ours.normalize(line) == reference.normalize(line), line
