@@ -21,7 +21,7 @@ import torch
 
 from nmt_cli import NmtError, __version__
 from nmt_cli.config import ModelConfig
-from nmt_cli.files import temporary
+from nmt_cli.files import reason, replacing
 from nmt_cli.model import Transformer
 from nmt_cli.text import TextConfig
 from nmt_cli.vocab import PAD_ID, Vocabulary
@@ -59,32 +59,50 @@ def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vo
 
 def save(checkpoint: dict[str, Any], path: Path) -> None:
     """Write to a temporary file in the same directory, fsync, then rename over `path`."""
-    path = Path(path)
-    tmp = temporary(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
+    with replacing(path, "checkpoint") as tmp, open(tmp, "wb") as f:
+        writer = _Recording(f)
+        try:
+            torch.save(checkpoint, writer)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise NmtError(f"{path}: cannot write checkpoint ({e.strerror or e}); earlier checkpoints are intact") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        except (OSError, RuntimeError) as e:  # torch's zip writer hides a failed write's OSError behind its own
+            error = e if isinstance(e, OSError) else writer.error
+            if error is None:
+                raise
+            raise NmtError(f"{path}: cannot write checkpoint ({reason(error)}); earlier checkpoints are "
+                           "intact") from None
 
+
+class _Recording:
+    """A file object that remembers the OSError its write raised."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def link(source: Path, target: Path) -> None:
     """Make `target` the same file as `source` (hard link, or copy), atomically."""
-    tmp = temporary(target)
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+    with replacing(target, "checkpoint") as tmp:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+
+
+def _refusal(error: Exception) -> str:
+    """What PyTorch's safe loader refused, without its advice to load the file unsafely."""
+    match = re.search(r"(?i)unsupported[^\n]*?(GLOBAL \S+|operand \S+)", str(error))
+    return match.group(0).rstrip(".,")[:200] if match else "it holds objects other than tensors and plain values"
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -95,8 +113,7 @@ def load(path: Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NmtError(f"{path}: refused to load: not a plain nmt-cli checkpoint ({first[:200]})") from None
+        raise NmtError(f"{path}: refused to load: not a plain nmt-cli checkpoint ({_refusal(e)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         raise NmtError(f"{path}: unreadable or truncated checkpoint ({str(e).splitlines()[0][:200]})") from None
     if not isinstance(checkpoint, dict) or "format_version" not in checkpoint:

@@ -78,6 +78,9 @@ class Group(click.Group):
 @click.version_option(__version__, prog_name="nmt-cli")
 def main() -> None:
     """nmt: the Transformer of "Attention Is All You Need" for translation and any seq2seq task."""
+    from nmt_cli.files import handle_sigterm
+
+    handle_sigterm()  # SIGTERM ends a command like Ctrl-C: its temporaries are removed on the way out
 
 
 @main.command()

@@ -9,6 +9,7 @@ Sentences are stored without EOS; `ParallelData` adds EOS (source, target) and B
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,10 +101,14 @@ class Batch:
 
     @classmethod
     def make(cls, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], pad_to_multiple: int = 1) -> Batch:
-        src = pad([np.append(s, EOS_ID) for s in sources], pad_to_multiple)
-        tgt_in = pad([np.insert(t, 0, BOS_ID) for t in targets], pad_to_multiple)
-        tgt_out = pad([np.append(t, EOS_ID) for t in targets], pad_to_multiple)
+        src = pad(sources, pad_to_multiple, last=EOS_ID)
+        tgt_in = pad(targets, pad_to_multiple, first=BOS_ID)
+        tgt_out = pad(targets, pad_to_multiple, last=EOS_ID)
         return cls(src, tgt_in, tgt_out)
+
+    def pin_memory(self) -> Batch:
+        """Page-locked copies, so that the copies to a GPU run asynchronously."""
+        return Batch(*(t.pin_memory() for t in (self.src, self.tgt_in, self.tgt_out)))
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
@@ -113,15 +118,59 @@ class Batch:
         return int((self.tgt_out != PAD_ID).sum())
 
 
-def pad(sequences: Sequence[np.ndarray], multiple: int = 1) -> torch.Tensor:
-    """(batch, longest) int64 tensor, right-padded with PAD_ID to a multiple of `multiple`."""
+def pad(sequences: Sequence[np.ndarray], multiple: int = 1, first: int | None = None,
+        last: int | None = None) -> torch.Tensor:
+    """(batch, longest) int64 tensor of the sequences, each with `first` before it and `last` after
+    it when given, right-padded with PAD_ID to a multiple of `multiple`."""
     import torch  # here, not at the top: `nmt preprocess` writes this module's files without loading torch
-    longest = max(len(s) for s in sequences)
-    longest = -(-longest // multiple) * multiple
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    start = int(first is not None)
+    full = lengths + start + int(last is not None)
+    longest = -(-int(full.max()) // multiple) * multiple
     out = np.full((len(sequences), longest), PAD_ID, dtype=np.int64)
-    for row, s in enumerate(sequences):
-        out[row, : len(s)] = s
+    if first is not None:
+        out[:, 0] = first
+    body = out[:, start:]
+    body[np.arange(body.shape[1]) < lengths[:, None]] = np.concatenate(sequences) if len(sequences) else []
+    if last is not None:
+        out[np.arange(len(sequences)), lengths + start] = last
     return torch.from_numpy(out)
+
+
+class Prefetcher:
+    """With `background` (for a GPU), collates the micro-batches of the next update on a thread,
+    into page-locked memory, while the current update runs, so the GPU does not wait for the
+    host. Without it (a CPU, whose cores the update uses), batches are collated when asked for."""
+
+    def __init__(self, data: ParallelData, pad_to_multiple: int, background: bool,
+                 pin_memory: bool | None = None) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.data, self.pad_to_multiple, self.background = data, pad_to_multiple, background
+        self.pin = background if pin_memory is None else pin_memory
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-collate") if background else None
+        self.pending: tuple[list[np.ndarray], Future] | None = None
+
+    def collate(self, batches: list[np.ndarray]) -> list[Batch]:
+        collated = [self.data.collate(indices, self.pad_to_multiple) for indices in batches]
+        return [b.pin_memory() for b in collated] if self.pin else collated
+
+    def prefetch(self, batches: list[np.ndarray]) -> None:
+        """Start collating `batches` (the next update's) in the background."""
+        if self.pool is not None:
+            self.pending = (batches, self.pool.submit(self.collate, batches))
+
+    def get(self, batches: list[np.ndarray]) -> list[Batch]:
+        """The collated `batches`: the prefetched ones when they are these, else collated now."""
+        pending, self.pending = self.pending, None
+        if pending is not None and len(pending[0]) == len(batches) and all(
+                a is b for a, b in zip(pending[0], batches)):
+            return pending[1].result()
+        return self.collate(batches)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,

@@ -28,7 +28,12 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
         precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
     if precision != "fp32" and not cuda:
         raise NmtError(f"--precision {precision} needs a CUDA device; use fp32 on CPU")
-    if not cuda:
+    if cuda:
+        # cuDNN's attention, which SDPA prefers on Hopper when there is a padding mask, builds an
+        # execution plan for every new (batch, length) shape, on the host: with length-bucketed
+        # batches that is every batch. Flash and memory-efficient attention need no plan.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    else:
         keep_freed_memory()
     return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
 

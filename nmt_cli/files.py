@@ -1,34 +1,101 @@
-"""Atomic files: everything is written under a temporary name beside its target, then renamed.
+"""Files that are either complete or absent, and directories one run at a time.
 
-A killed process leaves at most a hidden `.NAME.tmp-PID`, never a file or directory that looks
-complete; `remove_stale_temporaries` clears those of processes that no longer run.
+Everything is written under a temporary name beside its target, then renamed. A temporary is
+`.NAME.nmt-tmp-HOST-PID-TOKEN` with a random 16-hex-digit TOKEN, so no file a user made can
+match it; the process that made it removes it on failure and on SIGINT/SIGTERM (`on_sigterm`).
+`remove_stale_temporaries` clears only temporaries of that exact shape made on this host by a
+process that no longer runs (one killed by SIGKILL); directories also need the marker file that
+`temporary_directory` writes inside them. A user's file is never touched.
+
+`DirectoryLock` holds an OS file lock (flock) for a run: the kernel releases it when the process
+dies, so a killed run never blocks the next, and a second run is refused naming the holder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import re
+import secrets
 import shutil
+import signal
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+
+from nmt_cli import NmtError
+
+HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.nmt-tmp-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-[0-9a-f]{16}$")
+MARKER = ".nmt-temporary"  # inside a temporary directory: proof that nmt made it
 
 
 def temporary(path: Path) -> Path:
-    """The temporary name of `path` for this process: `.NAME.tmp-PID` in the same directory."""
+    """A fresh temporary name for `path`, in the same directory (so renaming it is atomic)."""
     path = Path(path)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    return path.with_name(f".{path.name}.nmt-tmp-{HOST}-{os.getpid()}-{secrets.token_hex(8)}")
+
+
+def reason(error: OSError) -> str:
+    """'No space left on device', 'Read-only file system', ... for a one-line message."""
+    return os.strerror(error.errno) if error.errno else str(error)
+
+
+@contextlib.contextmanager
+def replacing(path: Path, what: str = "file") -> Iterator[Path]:
+    """Yield a temporary file name; when the block ends normally, rename it over `path`; when it
+    fails or is interrupted, remove it. An OSError becomes a one-line NmtError naming `path`."""
+    path = Path(path)
+    tmp = temporary(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        raise NmtError(f"{path}: cannot write {what} ({reason(e)})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def write_text(path: Path, text: str) -> None:
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def temporary_directory(path: Path) -> Path:
+    """Create a temporary directory for `path`, marked as nmt's."""
     tmp = temporary(path)
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    tmp.mkdir()
+    (tmp / MARKER).touch()
+    return tmp
+
+
+def publish_directory(tmp: Path, path: Path) -> None:
+    """Rename the finished temporary directory `tmp` to `path`, replacing what is there."""
+    (tmp / MARKER).unlink()
+    old = None
+    if path.exists():
+        old = temporary(path)
+        path.rename(old)
+    tmp.rename(path)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
 
 
 def remove_stale_temporaries(directory: Path) -> None:
-    """Delete `.NAME.tmp-PID` files or directories left by a killed process that no longer runs."""
-    for path in Path(directory).glob(".*.tmp-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    """Delete nmt's temporaries in `directory` left by processes of this host that no longer run."""
+    for path in Path(directory).glob(".*.nmt-tmp-*"):
+        match = TEMPORARY.match(path.name)
+        if not match or match["host"] != HOST or _alive(int(match["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                if (path / MARKER).is_file():
+                    shutil.rmtree(path)
+            else:
+                path.unlink()
 
 
 def _alive(pid: int) -> bool:
@@ -39,3 +106,74 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class DirectoryLock:
+    """An exclusive flock on `LOCK_PATH` while a run works on a directory.
+
+    The lock file holds the holder's PID and host, for the refusal message; it is removed on
+    release (a waiter that opened the removed file notices and retries on the new one).
+    """
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path, self.what = Path(path), what
+        self.fd: int | None = None
+
+    def acquire(self) -> DirectoryLock:
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise NmtError(f"{self.path}: cannot create the lock of {self.what} ({reason(e)})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    raise NmtError(f"{self.what} is in use by {holder} (lock {self.path}); wait for that run to "
+                                   "end, or use another directory") from None
+                raise NmtError(f"{self.path}: cannot lock {self.what} ({reason(e)})") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed this file as we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> DirectoryLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def on_sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM as Ctrl-C, so that `finally` blocks remove temporaries before the process ends."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def handle_sigterm() -> None:
+    """Install `on_sigterm` (where SIGTERM has its default action) in this process only: a forked
+    child (a preprocessing worker) keeps the default, so that terminating it always ends it."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_sigterm)
+        os.register_at_fork(after_in_child=_default_sigterm)
+
+
+def _default_sigterm() -> None:
+    if signal.getsignal(signal.SIGTERM) is on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter, deque
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from nmt_cli import NmtError, __version__
 from nmt_cli.data import ArrayWriter, token_dtype
-from nmt_cli.files import remove_stale_temporaries, temporary
+from nmt_cli.files import DirectoryLock, publish_directory, reason, remove_stale_temporaries, temporary_directory
 from nmt_cli.text import (
     TextConfig,
     TextProcessor,
@@ -285,6 +286,13 @@ def _binarize_range(lines: LineRange, max_len: int) -> Packed:
     return _binarize_chunk(lines.read(), tokenize=False, max_len=max_len)
 
 
+def _leave_signals_to_parent() -> None:
+    """In a worker: Ctrl-C reaches the whole process group, but only the parent reports it and
+    cleans up; it ends the workers with SIGTERM, which ends them silently."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class Workers:
     """`workers` processes given `_init_worker(**state)` once (or this process when workers == 1),
     mapping a function over chunks in order, with a bounded number of chunks in flight."""
@@ -301,7 +309,7 @@ class Workers:
             # 16,000 page faults and 0.14 s per worker, a third of its time.
             gc.freeze()
             try:
-                self.pool = multiprocessing.get_context("fork").Pool(self.workers)
+                self.pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_leave_signals_to_parent)
             finally:
                 gc.unfreeze()
         return self
@@ -417,27 +425,30 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def prepare_destdir(destdir: Path, force: bool) -> Path:
-    """A fresh temporary directory beside `destdir`; refuses a non-empty destdir without --force."""
-    if destdir.exists() and (not destdir.is_dir() or any(destdir.iterdir())) and not force:
+def check_destdir(destdir: Path, force: bool, inputs: list[Path]) -> None:
+    """Refuse a destination that is not empty (without --force), that holds an input, or that
+    --force would empty of files nmt did not write (a directory that is not an earlier output)."""
+    if destdir.exists() and not destdir.is_dir():
+        raise NmtError(f"{destdir}: exists and is not a directory")
+    if Path.cwd().resolve().is_relative_to(destdir):
+        raise NmtError(f"{destdir}: is the current directory or holds it; choose a new --destdir")
+    for path in inputs:
+        if path.resolve().is_relative_to(destdir):
+            raise NmtError(f"{destdir}: holds the input {path}; choose another --destdir")
+    if not destdir.exists() or not any(destdir.iterdir()):
+        return
+    if not force:
         raise NmtError(f"{destdir}: exists and is not empty (use --force to replace it)")
-    destdir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(destdir.parent)
-    tmp = temporary(destdir)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
-
-
-def publish(tmp: Path, destdir: Path) -> None:
-    """Rename the finished directory into place (the old one, if any, is removed after)."""
-    old = None
-    if destdir.exists():
-        old = destdir.parent / f".{destdir.name}.old-{os.getpid()}"
-        destdir.rename(old)
-    tmp.rename(destdir)
-    if old is not None:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    ours = {"meta.json"}
+    try:
+        ours |= set(json.loads((destdir / "meta.json").read_text(encoding="utf-8"))["checksums"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise NmtError(f"{destdir}: --force replaces only a directory made by `nmt preprocess`, and this one "
+                       "has no readable meta.json; remove it yourself or choose another --destdir") from None
+    foreign = sorted(p.name for p in destdir.iterdir() if p.name not in ours)
+    if foreign:
+        raise NmtError(f"{destdir}: --force would delete {', '.join(foreign[:3])}"
+                       f"{' and more' if len(foreign) > 3 else ''}, which nmt did not write; move them first")
 
 
 def preprocess(opts: PreprocessOptions) -> dict[str, Any]:
@@ -451,15 +462,31 @@ def preprocess(opts: PreprocessOptions) -> dict[str, Any]:
         ([("valid", opts.validpref)] if opts.validpref else []) + \
         [(f"test{i or ''}", p) for i, p in enumerate(opts.testprefs)]
     inputs = {name: (input_path(p, src), input_path(p, tgt)) for name, p in splits}
-    tmp = prepare_destdir(opts.destdir, opts.force)
+    destdir = opts.destdir.resolve()
+    given = [p for pair in inputs.values() for p in pair]
+    given += [p for p in (opts.bpe_codes, opts.srcdict, opts.tgtdict) if p is not None]
+    check_destdir(destdir, opts.force, given)
     try:
-        meta = _run_stages(opts, inputs, tmp)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        publish(tmp, opts.destdir)
-        return meta
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        destdir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NmtError(f"{destdir.parent}: cannot create the directory ({reason(e)})") from None
+    with DirectoryLock(destdir.parent / f".{destdir.name}.nmt-lock", f"--destdir {destdir}"):
+        remove_stale_temporaries(destdir.parent)
+        try:
+            tmp = temporary_directory(destdir)
+        except OSError as e:
+            raise NmtError(f"{destdir.parent}: cannot write there ({reason(e)})") from None
+        try:
+            meta = _run_stages(opts, inputs, tmp)
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            check_destdir(destdir, opts.force, given)  # again: another program may have written there meanwhile
+            publish_directory(tmp, destdir)
+            return meta
+        except OSError as e:
+            raise NmtError(f"{destdir}: cannot write the data directory ({reason(e)}); nothing was "
+                           "written") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], tmp: Path) -> dict[str, Any]:

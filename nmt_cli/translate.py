@@ -9,7 +9,6 @@ with a warning naming the line.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ from nmt_cli import NmtError
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.data import pad
 from nmt_cli.device import select as select_device
-from nmt_cli.files import remove_stale_temporaries, temporary
+from nmt_cli.files import remove_stale_temporaries, replacing
 from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search
 from nmt_cli.text import TextProcessor, chunks, decode_lines
@@ -195,6 +194,10 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
                    options: TranslateOptions, device: str = "auto", precision: str = "fp32",
                    threads: int | None = None) -> int:
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when complete."""
+    if output_path is not None and not output_path.parent.is_dir():
+        raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
+    if output_path is not None and output_path.is_dir():
+        raise NmtError(f"{output_path}: is a directory; give a file name to -o")
     torch_device, dtype = select_device(device, precision, threads)
     translator = Translator([load_bundle(path) for path in checkpoints], options, torch_device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
@@ -203,14 +206,8 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
         if output_path is None:
             return translate_stream(translator, source, name, sys.stdout.write)
         remove_stale_temporaries(output_path.parent)
-        tmp = temporary(output_path)
-        try:
-            with open(tmp, "w", encoding="utf-8") as out:
-                count = translate_stream(translator, source, name, out.write, progress=input_path is not None)
-            os.replace(tmp, output_path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return count
+        with replacing(output_path, "the translation") as tmp, open(tmp, "w", encoding="utf-8") as out:
+            return translate_stream(translator, source, name, out.write, progress=input_path is not None)
     finally:
         if input_path:
             source.close()

@@ -40,10 +40,13 @@ def test_decode_speed(tmp_path):
 
 def test_gpu_speed_runs_its_code_path_on_the_cpu():
     # A CPU-sized peak (1 TFLOP/s): against the default H100 peak, the CPU's MFU rounds to 0.0 in a slow run.
-    (result,) = run("gpu_speed.py", "--device", "cpu", "--precision", "fp32", "--arch", "small", "--vocab", 200,
-                    "--max-tokens", 300, "--warmup", 1, "--updates", 2, "--peak-tflops", 1)
+    result, plain, ratio = run("gpu_speed.py", "--device", "cpu", "--precision", "fp32", "--arch", "small",
+                               "--vocab", 200, "--max-tokens", 300, "--warmup", 1, "--updates", 2, "--peak-tflops", 1,
+                               "--baseline")
     assert result["device"] == "cpu" and result["target_tokens_per_s"] > 0 and 0 < result["mfu_matmul"] < 1
     assert result["host_waits_per_update"] is None  # counted on a GPU only
+    assert plain["model"] == "torch.nn.Transformer" and plain["target_tokens_per_s"] > 0
+    assert ratio["speedup_over_torch_nn_transformer"] > 0
 
 
 def test_attention_speed():

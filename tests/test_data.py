@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, pad, shuffled, token_batches, token_dtype
+from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, Prefetcher, pad, shuffled, token_batches, token_dtype
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -58,6 +58,29 @@ def test_collate_adds_bos_eos_and_pads(tmp_path):
 
 def test_pad_to_multiple():
     assert pad([np.array([1, 2, 3])], multiple=8).shape == (1, 8)
+    assert pad([np.array([4]), np.array([], dtype=np.int64)], first=BOS_ID, last=EOS_ID).tolist() == [
+        [BOS_ID, 4, EOS_ID], [BOS_ID, EOS_ID, PAD_ID]]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_prefetched_batches_are_the_batches_asked_for(tmp_path, background):
+    rng = np.random.default_rng(0)
+    sentences = [rng.integers(4, 50, rng.integers(0, 9)).tolist() for _ in range(40)]
+    data = ParallelData(write_array(tmp_path / "s", sentences), write_array(tmp_path / "t", sentences[::-1]))
+    prefetcher = Prefetcher(data, 8, background, pin_memory=False)
+    groups = [[np.arange(i, i + 5), np.arange(i + 5, i + 10)] for i in range(0, 40, 10)]
+    for i, group in enumerate(groups):
+        if i + 1 < len(groups):
+            prefetcher.prefetch(groups[i + 1])
+        got = prefetcher.get(group)
+        for batch, indices in zip(got, group, strict=True):
+            expected = data.collate(indices, 8)
+            assert all(torch.equal(a, b) for a, b in zip((batch.src, batch.tgt_in, batch.tgt_out),
+                                                         (expected.src, expected.tgt_in, expected.tgt_out)))
+    prefetcher.prefetch(groups[0])  # a prefetch that is not what is asked for next is not used
+    (batch,) = prefetcher.get([groups[1][0]])
+    assert torch.equal(batch.src, data.collate(groups[1][0], 8).src)
+    prefetcher.close()
 
 
 @pytest.mark.parametrize("max_tokens,multiple", [(64, 1), (100, 1), (256, 8), (37, 1)])

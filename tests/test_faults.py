@@ -28,7 +28,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def writing(save_dir: Path) -> bool:
-    return any(name.startswith(".checkpoint_") and ".tmp-" in name for name in os.listdir(save_dir))
+    return any(name.startswith(".checkpoint_") and ".nmt-tmp-" in name for name in os.listdir(save_dir))
 
 
 def kill_while(process: subprocess.Popen, save_dir: Path, during_write: bool, rng: random.Random) -> bool:
@@ -98,10 +98,10 @@ def test_a_failing_process_stops_the_others(tmp_path):
     wrapper.write_text(
         "from nmt_cli import train\n"
         "real = train.Trainer.update\n"
-        "def update(self, data, batches, tokens, step, pad):\n"
+        "def update(self, batches, tokens, step):\n"
         "    if self.runtime.rank == 1 and step == 3:\n"
         "        raise RuntimeError('injected failure on rank 1')\n"
-        "    return real(self, data, batches, tokens, step, pad)\n"
+        "    return real(self, batches, tokens, step)\n"
         "train.Trainer.update = update\n"
         "from nmt_cli.cli import main\n"
         "main()\n")
@@ -132,14 +132,50 @@ def test_killed_translate_or_preprocess_leaves_nothing_that_looks_complete(tmp_p
                 str(tmp_path / "out"), "--tokenizer", "none", "--bpe-merges", "50", "--workers", "1", "--quiet"]
     process = subprocess.Popen([sys.executable, "-m", "nmt_cli", *args], env=ENV, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".out.tmp-*")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob(".out.nmt-tmp-*")) and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.3)
     assert process.poll() is None, "finished before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert not (tmp_path / "out").exists() and list(tmp_path.glob(".out.tmp-*"))
+    assert not (tmp_path / "out").exists() and list(tmp_path.glob(".out.nmt-tmp-*"))
     if command == "translate":  # a short input this time; the stale temporary is cleared
         write_lines(tmp_path / "in.src", lines[:3])
     subprocess.run([sys.executable, "-m", "nmt_cli", *args], env=ENV, check=True, timeout=300)
-    assert (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+    assert (tmp_path / "out").exists() and not list(tmp_path.glob(".out.nmt-tmp-*"))
+
+
+def test_sigterm_to_translate_leaves_nothing_behind(tmp_path):
+    from conftest import SYMBOLS, tiny_checkpoint, write_lines
+
+    rng = random.Random(1)
+    write_lines(tmp_path / "in.src", [" ".join(rng.choice(SYMBOLS) for _ in range(30)) for _ in range(20000)])
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "translate", "-m", str(model), "-i",
+                                str(tmp_path / "in.src"), "-o", str(tmp_path / "out"), "--threads", "1"], env=ENV,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.nmt-tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process.poll() is None, "finished before it could be stopped"
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode != 0 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.src", "m.pt"]
+
+
+def test_a_failing_checkpoint_write_is_one_line_and_leaves_nothing(tmp_path):
+    """A real write error inside torch's zip writer (files limited to 100 kB, as a full disk would)."""
+    import resource
+
+    data = synthetic_data_dir(tmp_path)
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    result = subprocess.run(train_command(data, tmp_path / "ck", max_updates=3), env=ENV, capture_output=True,
+                            text=True, timeout=120, preexec_fn=small_files)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "checkpoint_1.pt: cannot write checkpoint (File too large); earlier checkpoints are intact" in result.stderr
+    assert not list((tmp_path / "ck").iterdir())  # no temporary, no lock, no half checkpoint

@@ -15,20 +15,26 @@ from nmt_cli.search import SearchConfig
 from nmt_cli.train import TrainingRun
 from nmt_cli.translate import TranslateOptions, Translator
 
+REVERSAL_MODEL = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=256, heads=4,
+                                          dropout=0.0, max_positions=64)
+REVERSAL_TRAINING = TrainConfig(max_tokens=600, lr_schedule="inverse-sqrt", lr=1.5e-3, warmup=100, max_updates=1200,
+                                threads=2, save_interval_minutes=100)
+
 
 def test_learns_to_reverse_sequences(tmp_path):
-    """Broken masks, positions, search or training all show up here as a low score."""
+    """Broken masks, positions, search or training all show up here as a low score.
+
+    The model is the one of the best validation perplexity (validated every epoch of 26 updates):
+    how far a run gets by a fixed update differs between kernel paths (AVX-512, AVX2, none, a GPU
+    in bf16), and single checkpoints of this run swing, while the best one clears the bar with a
+    wide margin on each (tests/benchmarks/learning_margin.py measures it)."""
     data = synthetic_data_dir(tmp_path, n_train=2000, task="reverse", min_len=3, max_len=10)
-    model = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=256, heads=4,
-                                     dropout=0.0, max_positions=64)
-    config = TrainConfig(max_tokens=600, lr_schedule="inverse-sqrt", lr=3e-3, warmup=100, max_updates=700,
-                         threads=2, save_interval_minutes=100)
-    TrainingRun(data, tmp_path / "ck", model, config, progress_bar=False).run()
+    TrainingRun(data, tmp_path / "ck", REVERSAL_MODEL, REVERSAL_TRAINING, progress_bar=False).run()
     rng = random.Random(12345)
     inputs = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 10))) for _ in range(200)]
     expected = [" ".join(reversed(line.split())) for line in inputs]
     for quantize in (None, "int8"):
-        translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")],
+        translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_best.pt")],
                                 TranslateOptions(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
         outputs = translator.translate_lines(inputs)
         exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -202,9 +203,65 @@ def test_non_empty_destdir_needs_force(tmp_path):
     (tmp_path / "out/keep.txt").write_text("mine")
     result = preprocess(tmp_path)
     assert result.exit_code == 1 and "exists and is not empty" in result.output
+    # --force replaces only what nmt wrote: a directory holding a file of the user's is refused.
+    result = preprocess(tmp_path, "--force")
+    assert result.exit_code == 1 and "--force replaces only a directory made by `nmt preprocess`" in result.output
     assert (tmp_path / "out/keep.txt").read_text() == "mine"
-    assert preprocess(tmp_path, "--force").exit_code == 0
-    assert (tmp_path / "out/meta.json").exists() and not (tmp_path / "out/keep.txt").exists()
+    (tmp_path / "out/keep.txt").unlink()
+    assert preprocess(tmp_path).exit_code == 0  # empty: no --force needed
+    (tmp_path / "out/notes.txt").write_text("mine")  # a user's file inside an earlier output
+    result = preprocess(tmp_path, "--force")
+    assert result.exit_code == 1 and "--force would delete notes.txt, which nmt did not write" in result.output
+    (tmp_path / "out/notes.txt").unlink()
+    before = (tmp_path / "out/meta.json").read_text()
+    assert preprocess(tmp_path, "--force", "--bpe-merges", 5).exit_code == 0  # an earlier output is replaced
+    assert (tmp_path / "out/meta.json").read_text() != before
+
+
+def test_force_never_deletes_the_inputs(tmp_path, monkeypatch):
+    (tmp_path / "c").mkdir()
+    corpus(tmp_path / "c")
+    for dest in ("c", "."):  # the corpus' own directory; the current directory (which holds it)
+        monkeypatch.chdir(tmp_path)
+        result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", "c/train", "--destdir", dest, "--force",
+                     "--quiet", "--workers", 1, "--bpe-merges", 10)
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "holds the input" in result.output or "holds it" in result.output
+    assert (tmp_path / "c/train.en").exists() and (tmp_path / "c/train.de").exists()
+
+
+def test_only_our_own_leftovers_are_swept(tmp_path):
+    """A killed run's temporaries go; a user's files that merely look like temporaries stay."""
+    from nmt_cli.files import HOST, MARKER, remove_stale_temporaries
+
+    corpus(tmp_path)
+    dead = 2**22 + 12345  # above the kernel's default pid_max: no process has it
+    user_file, user_dir = tmp_path / ".notes.tmp-999999", tmp_path / f".thesis.nmt-tmp-{HOST}-{dead}-0123456789abcdef"
+    user_file.write_text("mine")
+    user_dir.mkdir()
+    (user_dir / "ch1.tex").write_text("x")  # our name, but no marker inside: not ours
+    other_host = tmp_path / f".out.nmt-tmp-otherhost-{dead}-0123456789abcdef"
+    other_host.write_text("a live run on another machine of a shared file system")
+    ours_file = tmp_path / f".out.nmt-tmp-{HOST}-{dead}-fedcba9876543210"
+    ours_file.write_text("half a file")
+    ours_dir = tmp_path / f".out.nmt-tmp-{HOST}-{dead}-00112233445566aa"
+    ours_dir.mkdir()
+    (ours_dir / MARKER).touch()
+    remove_stale_temporaries(tmp_path)
+    assert user_file.exists() and (user_dir / "ch1.tex").exists() and other_host.exists()
+    assert not ours_file.exists() and not ours_dir.exists()
+    assert preprocess(tmp_path).exit_code == 0 and user_file.exists() and (user_dir / "ch1.tex").exists()
+
+
+def test_a_second_run_on_the_same_destdir_is_refused(tmp_path):
+    from nmt_cli.files import DirectoryLock
+
+    corpus(tmp_path)
+    with DirectoryLock(tmp_path / ".out.nmt-lock", "test"):
+        result = preprocess(tmp_path)
+    assert result.exit_code == 1 and f"is in use by process {os.getpid()} on" in result.output
+    assert not (tmp_path / "out").exists()
+    assert preprocess(tmp_path).exit_code == 0 and not (tmp_path / ".out.nmt-lock").exists()
 
 
 def test_empty_training_set_after_filtering(tmp_path):

@@ -1,35 +1,43 @@
-"""GPU training throughput and MFU: `python tests/benchmarks/gpu_speed.py --arch big [--compile]`.
+"""GPU training throughput and MFU: `python tests/benchmarks/gpu_speed.py --arch big [--compile] [--baseline]`.
 
 Trains `--arch` (base, big) on synthetic sentence pairs of realistic lengths (source ~ WMT14
 en-de: mean 27 tokens, sd 12, clipped to 4-128; target = source x U(0.8, 1.25)), so no data has to
 travel, with the trainer nmt train uses (bf16 autocast by default, fused Adam, batches padded to
-multiples of 8, SDPA attention), and prints one JSON line: target tokens/s and two MFU figures over
-`--peak-tflops` (default: the dense bf16 peak of an H100/H200 SXM, 989 TFLOP/s):
+multiples of 8 and collated ahead on a thread, SDPA attention), and prints one JSON line: target
+tokens/s and two MFU figures over `--peak-tflops` (default: the dense bf16 peak of an H100/H200
+SXM, 989 TFLOP/s):
   mfu_6nd: 6 x parameters x target tokens/s (the usual decoder-only formula);
   mfu_matmul: 6 x (encoder parameters x source tokens + (decoder parameters + V x d) x target
   tokens)/s, the matmul FLOPs an encoder-decoder really does (attention scores not counted).
 On a GPU it also counts the calls that made the host wait for the device in the timed updates
 (torch.cuda.set_sync_debug_mode): host_waits_per_update, 1 by design (the update's loss sums,
-read to skip a non-finite update and to log). Runs on CPU too (`--device cpu`, small settings)
-to check the code path.
+read to skip a non-finite update and to log).
+
+`--baseline` also trains a plain `torch.nn.Transformer` of the same size (shared embeddings,
+sinusoidal positions, label-smoothed `F.cross_entropy`, fused Adam, the same autocast) on the same
+batches, already collated, in the same process, and prints its line and the ratio; with
+`--compile` both are compiled. Runs on CPU too (`--device cpu`, small settings) to check the path.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from nmt_cli.config import PRESETS, TrainConfig
-from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, token_batches
-from nmt_cli.model import Transformer
-from nmt_cli.train import Trainer, set_up_runtime
+from nmt_cli.config import PRESETS, ModelConfig, TrainConfig
+from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, Prefetcher, token_batches
+from nmt_cli.model import Transformer, positional_encoding
+from nmt_cli.train import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
 
@@ -46,6 +54,108 @@ def synthetic_pairs(directory: Path, pairs: int, vocab: int, seed: int = 0) -> P
     return ParallelData(*arrays)
 
 
+class PlainTransformer(torch.nn.Module):
+    """`torch.nn.Transformer` with the paper's embeddings: the baseline a user could write."""
+
+    def __init__(self, config: ModelConfig, vocab: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, config.d_model, padding_idx=PAD_ID)
+        self.scale = math.sqrt(config.d_model)
+        self.register_buffer("positions", positional_encoding(config.max_positions, config.d_model), persistent=False)
+        self.net = torch.nn.Transformer(config.d_model, config.heads, config.encoder_layers, config.decoder_layers,
+                                        config.d_ff, config.dropout, batch_first=True)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        def embed(tokens: torch.Tensor) -> torch.Tensor:
+            return self.embed(tokens) * self.scale + self.positions[: tokens.size(1)]
+
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), device=tgt_in.device)
+        x = self.net(embed(src), embed(tgt_in), tgt_mask=causal, src_key_padding_mask=src == PAD_ID,
+                     memory_key_padding_mask=src == PAD_ID, tgt_is_causal=True)
+        return F.linear(x, self.embed.weight)
+
+
+def time_updates(update: Callable[[int], None], steps: int, warmup: int, cuda: bool) -> tuple[float, int]:
+    """Seconds for updates warmup..steps-1 (after `warmup` untimed ones), and the host waits counted."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            if step == warmup:
+                sync()
+                start = time.perf_counter()
+                if cuda:  # from here on, every call that makes the host wait for the GPU warns
+                    torch.cuda.set_sync_debug_mode("warn")
+            update(step)
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        sync()
+    return time.perf_counter() - start, sum("synchroniz" in str(w.message) for w in caught)
+
+
+def profile(update: Callable[[int], None], steps: int, path: Path) -> None:
+    """torch.profiler over the last five updates again: the operator table, by device time, to `path`."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profiler(activities=activities) as prof:
+        for step in range(steps - 5, steps):
+            update(step)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=60) + "\n"
+                    + prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
+def ours(args: argparse.Namespace, runtime: Runtime, config: TrainConfig, data: ParallelData,
+         batches: list[np.ndarray], vocab: int) -> dict:
+    model = Transformer(PRESETS[args.arch], vocab, vocab, PAD_ID, True).to(runtime.device)
+    trainer = Trainer(model, config, runtime)
+    prefetcher = Prefetcher(data, 8 if runtime.device.type == "cuda" else 1, background=runtime.device.type == "cuda")
+
+    def update(step: int) -> None:
+        if step + 1 < len(batches):
+            prefetcher.prefetch([batches[step + 1]])
+        trainer.update(prefetcher.get([batches[step]]), int(data.tgt_lengths[batches[step]].sum()), step + 1)
+
+    seconds, waits = time_updates(update, len(batches), args.warmup, runtime.device.type == "cuda")
+    if args.profile is not None:
+        profile(update, len(batches), args.profile)
+    prefetcher.close()
+    encoder = sum(p.numel() for p in model.encoder_layers.parameters())
+    decoder = sum(p.numel() for p in model.decoder_layers.parameters())
+    return {"model": "nmt-cli", "parameters": sum(p.numel() for p in model.parameters()), "seconds": seconds,
+            "host_waits": waits, "encoder": encoder, "decoder": decoder}
+
+
+def baseline(args: argparse.Namespace, runtime: Runtime, config: TrainConfig, data: ParallelData,
+             batches: list[np.ndarray], vocab: int) -> dict:
+    preset = PRESETS[args.arch]
+    model = PlainTransformer(preset, vocab).to(runtime.device)
+    net = torch.compile(model) if args.compile else model
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=runtime.device.type == "cuda")
+    collated = [data.collate(b, 8 if runtime.device.type == "cuda" else 1) for b in batches]
+    if runtime.device.type == "cuda":
+        collated = [b.pin_memory() for b in collated]
+
+    def update(step: int) -> None:
+        batch = collated[step].to(runtime.device)
+        with torch.autocast(runtime.device.type, dtype=runtime.dtype, enabled=runtime.dtype != torch.float32):
+            logits = net(batch.src, batch.tgt_in)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID,
+                               label_smoothing=preset.label_smoothing, reduction="sum")
+        (loss / int(data.tgt_lengths[batches[step]].sum())).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    seconds, waits = time_updates(update, len(batches), args.warmup, runtime.device.type == "cuda")
+    return {"model": "torch.nn.Transformer", "parameters": sum(p.numel() for p in model.parameters()),
+            "seconds": seconds, "host_waits": waits}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--arch", default="big", choices=sorted(PRESETS))
@@ -56,54 +166,47 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--baseline", action="store_true", help="also time a plain torch.nn.Transformer")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--profile", type=Path, help="write a torch.profiler table of our trainer here")
     args = parser.parse_args()
     config = TrainConfig(max_tokens=args.max_tokens, device=args.device, precision=args.precision,
                          compile=args.compile, lr_schedule="inverse-sqrt", lr=5e-4)
     runtime = set_up_runtime(config)
+    cuda = runtime.device.type == "cuda"
     vocab = -(-args.vocab // 8) * 8
-    model = Transformer(PRESETS[args.arch], vocab, vocab, PAD_ID, True).to(runtime.device)
-    trainer = Trainer(model, config, runtime)
-    pad_multiple = 8 if runtime.device.type == "cuda" else 1
     with tempfile.TemporaryDirectory() as work:
         data = synthetic_pairs(Path(work), 200_000, vocab)
-        batches = token_batches(data.src_lengths, data.tgt_lengths, args.max_tokens, pad_to_multiple=pad_multiple)
-        order = np.random.default_rng(1).permutation(len(batches))[: args.warmup + args.updates]
-        cuda = runtime.device.type == "cuda"
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
-        src_tokens = tgt_tokens = 0
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for step, b in enumerate(order, start=1):
-                if step == args.warmup + 1:
-                    sync()
-                    start, src_tokens, tgt_tokens = time.perf_counter(), 0, 0
-                    if cuda:  # from here on, every call that makes the host wait for the GPU warns
-                        torch.cuda.set_sync_debug_mode("warn")
-                indices = batches[b]
-                trainer.update(data, [indices], int(data.tgt_lengths[indices].sum()), step, pad_multiple)
-                src_tokens += int(data.src_lengths[indices].sum())
-                tgt_tokens += int(data.tgt_lengths[indices].sum())
-            if cuda:
-                torch.cuda.set_sync_debug_mode("default")
-            sync()
-            seconds = time.perf_counter() - start
-    syncs = sum("synchroniz" in str(w.message) for w in caught)
-    params = sum(p.numel() for p in model.parameters())
-    encoder = sum(p.numel() for p in model.encoder_layers.parameters())
-    decoder = sum(p.numel() for p in model.decoder_layers.parameters())
+        all_batches = token_batches(data.src_lengths, data.tgt_lengths, args.max_tokens,
+                                    pad_to_multiple=8 if cuda else 1)
+        order = np.random.default_rng(1).permutation(len(all_batches))[: args.warmup + args.updates]
+        batches = [all_batches[b] for b in order]
+        timed = batches[args.warmup:]
+        src_tokens = int(sum(data.src_lengths[b].sum() for b in timed))
+        tgt_tokens = int(sum(data.tgt_lengths[b].sum() for b in timed))
+        runs = [ours(args, runtime, config, data, batches, vocab)]
+        if args.baseline:
+            runs.append(baseline(args, runtime, config, data, batches, vocab))
     peak = args.peak_tflops * 1e12
-    matmul_flops = 6 * (encoder * src_tokens + (decoder + vocab * model.config.d_model) * tgt_tokens)
-    print(json.dumps({
-        "benchmark": "gpu_speed", "arch": args.arch, "parameters": params, "device": str(runtime.device),
-        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
-        "dtype": str(runtime.dtype), "compile": args.compile, "max_tokens": args.max_tokens, "updates": args.updates,
-        "target_tokens_per_s": round(tgt_tokens / seconds, 1), "updates_per_s": round(args.updates / seconds, 3),
-        "mfu_6nd": round(6 * params * tgt_tokens / seconds / peak, 4),
-        "mfu_matmul": round(matmul_flops / seconds / peak, 4), "peak_tflops": args.peak_tflops,
-        "host_waits_per_update": round(syncs / args.updates, 2) if cuda else None,
-        "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
-    }))
+    d_model = PRESETS[args.arch].d_model
+    for run in runs:
+        seconds = run["seconds"]
+        result = {"benchmark": "gpu_speed", "model": run["model"], "arch": args.arch, "parameters": run["parameters"],
+                  "device": str(runtime.device), "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+                  "dtype": str(runtime.dtype), "compile": args.compile, "max_tokens": args.max_tokens,
+                  "updates": args.updates, "target_tokens_per_s": round(tgt_tokens / seconds, 1),
+                  "updates_per_s": round(args.updates / seconds, 3),
+                  "mfu_6nd": round(6 * run["parameters"] * tgt_tokens / seconds / peak, 4),
+                  "peak_tflops": args.peak_tflops,
+                  "host_waits_per_update": round(run["host_waits"] / args.updates, 2) if cuda else None,
+                  "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None}
+        if "encoder" in run:
+            matmul = 6 * (run["encoder"] * src_tokens + (run["decoder"] + vocab * d_model) * tgt_tokens)
+            result["mfu_matmul"] = round(matmul / seconds / peak, 4)
+        print(json.dumps(result), flush=True)
+    if args.baseline:
+        print(json.dumps({"benchmark": "gpu_speed", "arch": args.arch, "compile": args.compile,
+                          "speedup_over_torch_nn_transformer": round(runs[1]["seconds"] / runs[0]["seconds"], 3)}))
 
 
 if __name__ == "__main__":

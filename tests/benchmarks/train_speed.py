@@ -84,8 +84,8 @@ def main() -> None:
 
 def update(run: TrainingRun, indices: np.ndarray, step: int) -> int:
     """One update on one batch; its target tokens (0 if the update was skipped)."""
-    stats = run.trainer.update(run.train, [indices], int(run.train.tgt_lengths[indices].sum()), step,
-                               run.pad_multiple)
+    batch = run.train.collate(indices, run.pad_multiple)
+    stats = run.trainer.update([batch], int(run.train.tgt_lengths[indices].sum()), step)
     return stats["tokens"] if stats else 0
 
 

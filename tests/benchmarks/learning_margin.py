@@ -1,0 +1,78 @@
+"""How far above its bar `test_learns_to_reverse_sequences` lands on each CPU kernel path.
+
+`python tests/benchmarks/learning_margin.py [--device cpu|cuda] [--paths avx512 avx2 default]`
+trains the test's recipe once per path, in a fresh process with PyTorch's, oneDNN's and MKL's
+kernel selection set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS), and
+prints one JSON line per path: exact match and BLEU of the best and the last checkpoint, fp32
+and int8, against the test's bar (0.9 and 90). A path the CPU lacks falls back to the best it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+ISA = {"avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx2": ("avx2", "AVX2", "AVX2"),
+       "default": ("default", "SSE41", "SSE4_2")}
+
+
+def one_run(device: str) -> dict:
+    sys.path.insert(0, str(TESTS))
+    import dataclasses
+
+    import sacrebleu
+    import torch
+    from conftest import SYMBOLS, synthetic_data_dir
+    from test_pipeline import REVERSAL_MODEL, REVERSAL_TRAINING
+
+    from nmt_cli import checkpoint as ckpt
+    from nmt_cli.search import SearchConfig
+    from nmt_cli.train import TrainingRun
+    from nmt_cli.translate import TranslateOptions, Translator
+
+    rng = random.Random(12345)
+    inputs = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 10))) for _ in range(200)]
+    expected = [" ".join(reversed(line.split())) for line in inputs]
+    result = {"device": device, "capability": torch.backends.cpu.get_cpu_capability()}
+    with tempfile.TemporaryDirectory() as work:
+        tmp = Path(work)
+        data = synthetic_data_dir(tmp, n_train=2000, task="reverse", min_len=3, max_len=10)
+        config = dataclasses.replace(REVERSAL_TRAINING, device=device)
+        TrainingRun(data, tmp / "ck", REVERSAL_MODEL, config, progress_bar=False).run()
+        for name in ("best", "last"):
+            for quantize in (None, "int8"):
+                translator = Translator([ckpt.load_bundle(tmp / f"ck/checkpoint_{name}.pt")],
+                                        TranslateOptions(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
+                outputs = translator.translate_lines(inputs)
+                exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
+                bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score
+                result[f"{name}_{quantize or 'fp32'}"] = [round(exact, 3), round(bleu, 1)]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--paths", nargs="*", default=list(ISA), choices=list(ISA))
+    parser.add_argument("--one", action="store_true", help="one run in this process (used by the others)")
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_run(args.device)), flush=True)
+        return
+    for path in args.paths:
+        aten, onednn, mkl = ISA[path]
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl}
+        out = subprocess.run([sys.executable, __file__, "--one", "--device", args.device], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        print(json.dumps({"path": path, **json.loads(out.strip().splitlines()[-1])}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

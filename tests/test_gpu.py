@@ -1,0 +1,90 @@
+"""Training on a CUDA GPU: bf16 against fp32, resume, a GPU checkpoint on a CPU, the loss on the GPU.
+
+Skipped where there is no CUDA device (the CPU paths are covered by test_train.py).
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from conftest import synthetic_data_dir
+from test_train import LEARNER, LEARNER_RECIPE, TINY, run_training
+
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.search import SearchConfig
+from nmt_cli.train import Runtime, Trainer, label_smoothed_loss
+from nmt_cli.translate import TranslateOptions, Translator
+from nmt_cli.vocab import PAD_ID
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_a_bf16_update_agrees_with_fp32(tmp_path):
+    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", LEARNER, device="cuda", precision="fp32")
+    batch = run.train.collate(np.arange(16), 8)
+    grads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        trainer = Trainer(run.model, run.config, Runtime(torch.device("cuda"), dtype))
+        run.model.zero_grad()
+        loss, _, tokens = trainer.loss(run.model.eval(), batch)
+        (loss / tokens).backward()
+        grads[dtype] = (loss.item(), torch.cat([p.grad.flatten() for p in run.model.parameters()]))
+    (loss32, grad32), (loss16, grad16) = grads[torch.float32], grads[torch.bfloat16]
+    assert loss16 == pytest.approx(loss32, rel=2e-2)
+    assert ((grad16 - grad32).norm() / grad32.norm()).item() < 5e-2
+
+
+def test_resume_on_the_gpu_continues_where_it_stopped(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    options = {"device": "cuda", "precision": "bf16", **LEARNER_RECIPE}
+    run_training(data, tmp_path / "straight", LEARNER, max_updates=20, **options).run()
+    run_training(data, tmp_path / "resumed", LEARNER, max_updates=10, **options).run()
+    resumed = run_training(data, tmp_path / "resumed", LEARNER, max_updates=20, **options)
+    assert resumed.resumed and resumed.progress.updates == 10
+    resumed.run()
+    straight, again = (ckpt.load(tmp_path / f"{name}/checkpoint_last.pt") for name in ("straight", "resumed"))
+    assert again["progress"]["updates"] == straight["progress"]["updates"] == 20
+    for key, value in straight["model"].items():  # same batches, same RNG: the same run up to GPU rounding
+        torch.testing.assert_close(again["model"][key], value, rtol=2e-2, atol=2e-3)
+
+
+def test_a_checkpoint_trained_on_the_gpu_translates_on_the_cpu(tmp_path):
+    run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", TINY, device="cuda", max_updates=5).run()
+    bundle = ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")
+    assert all(p.device.type == "cpu" for p in bundle.model.parameters())
+    translator = Translator([bundle], TranslateOptions(SearchConfig(beam=2)), torch.device("cpu"))
+    assert len(translator.translate_lines(["a b c", "d e"])) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loss_on_the_gpu_equals_the_reference(dtype, monkeypatch):
+    from nmt_cli.train import SmoothedCrossEntropy
+
+    monkeypatch.setitem(SmoothedCrossEntropy.BLOCK_ELEMENTS, "cuda", 3 * 1000)  # several blocks of 3 rows
+    torch.manual_seed(0)
+    logits = (torch.randn(50, 1000, device="cuda") * 3).to(dtype).requires_grad_()
+    target = torch.randint(4, 1000, (50,), device="cuda")
+    target[::7] = PAD_ID
+    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    loss.backward()
+    ref_logits = logits.detach().double().requires_grad_()
+    lprobs = ref_logits.log_softmax(-1)
+    real = target != PAD_ID
+    ref_nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)[real].sum()
+    ref_loss = 0.9 * ref_nll + 0.1 * (-lprobs.mean(-1))[real].sum()
+    ref_loss.backward()
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5) and nll.item() == pytest.approx(ref_nll.item(),
+                                                                                                    rel=1e-5)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # the gradient is stored in the logits' precision
+    assert ((logits.grad.double() - ref_logits.grad).norm() / ref_logits.grad.norm()).item() < tolerance
+
+
+def test_training_on_the_gpu_prefetches_batches_into_page_locked_memory(tmp_path):
+    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", dataclasses.replace(TINY), device="cuda")
+    assert run.prefetcher.background
+    order = run.batches[:2]
+    run.prefetcher.prefetch([order[1]])
+    (batch,) = run.prefetcher.get([order[1]])
+    assert batch.src.is_pinned() and torch.equal(batch.src, run.train.collate(order[1], 8).src)
+    run.prefetcher.close()
