@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from nmt_cli import NmtError
+from nmt_cli.files import reason, replacing
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "encoder-decoder attention"}
@@ -68,8 +69,7 @@ def attention_maps(weights: dict[str, list[torch.Tensor]], src_tokens: list[str]
             fig.suptitle(f"{KINDS[kind]}, layer {layer}", fontsize=10)
             fig.tight_layout()
             path = out_dir / f"{name}.{kind}.layer{layer}.png"
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
+            save_figure(fig, path)
             written.append(path)
     return written
 
@@ -118,7 +118,19 @@ def training_curves(save_dirs: Sequence[Path], output: Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
+    save_figure(fig, output)
     return output
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write `fig` as a PNG, atomically; a failure is one line naming the file and the reason."""
+    import matplotlib.pyplot as plt
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path, "plot") as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
+    except OSError as e:
+        raise NmtError(f"{path.parent}: cannot write the plot there ({reason(e)})") from None
+    finally:
+        plt.close(fig)

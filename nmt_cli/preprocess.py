@@ -35,7 +35,14 @@ from tqdm import tqdm
 
 from nmt_cli import NmtError, __version__
 from nmt_cli.data import ArrayWriter, token_dtype
-from nmt_cli.files import DirectoryLock, publish_directory, reason, remove_stale_temporaries, temporary_directory
+from nmt_cli.files import (
+    MARKER,
+    DirectoryLock,
+    publish_directory,
+    reason,
+    remove_stale_temporaries,
+    temporary_directory,
+)
 from nmt_cli.text import (
     TextConfig,
     TextProcessor,
@@ -83,7 +90,7 @@ class PreprocessOptions:
 
 def reuse_options(data_dir: Path, src: str, tgt: str) -> tuple[TextConfig, dict[str, Any]]:
     """Tokenizer settings, BPE codes and vocabularies of an existing data directory."""
-    meta = load_meta(data_dir)
+    meta = load_meta(data_dir, verify=True)
     text = TextConfig.from_dict(meta["text"])
     if (text.source_lang, text.target_lang) != (src, tgt):
         raise NmtError(f"{data_dir}: prepared for {text.source_lang}-{text.target_lang}, not {src}-{tgt}")
@@ -92,8 +99,12 @@ def reuse_options(data_dir: Path, src: str, tgt: str) -> tuple[TextConfig, dict[
                   "srcdict": data_dir / meta["dictionaries"][src], "tgtdict": data_dir / meta["dictionaries"][tgt]}
 
 
-def load_meta(data_dir: Path) -> dict[str, Any]:
-    """The `meta.json` of a data directory made by `nmt preprocess`."""
+META_KEYS = ("text", "bpe_codes", "joined_dictionary", "dictionaries", "dtype", "splits", "checksums")
+
+
+def load_meta(data_dir: Path, verify: bool = False) -> dict[str, Any]:
+    """The `meta.json` of a data directory made by `nmt preprocess`; with `verify`, every file it
+    lists is checked against its sha256 (a truncated, edited or missing file is refused)."""
     path = Path(data_dir) / "meta.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
@@ -101,9 +112,21 @@ def load_meta(data_dir: Path) -> dict[str, Any]:
         raise NmtError(f"{path}: not found; is {data_dir} a directory made by `nmt preprocess`?") from None
     except (OSError, ValueError) as e:
         raise NmtError(f"{path}: unreadable ({e})") from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise NmtError(f"{path}: data format version {meta.get('format_version')}, "
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        raise NmtError(f"{path}: data format version {version}, "
                        f"this nmt-cli reads version {FORMAT_VERSION}; run `nmt preprocess` again")
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise NmtError(f"{path}: incomplete (no {missing[0]!r}); run `nmt preprocess` again")
+    if verify:
+        for name, digest in meta["checksums"].items():
+            file = Path(data_dir) / name
+            if not file.is_file():
+                raise NmtError(f"{file}: missing from the data directory; run `nmt preprocess` again")
+            if sha256(file) != digest:
+                raise NmtError(f"{file}: differs from the checksum in meta.json (truncated, edited or corrupt); "
+                               "run `nmt preprocess` again")
     return meta
 
 
@@ -535,6 +558,8 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
                 items = chunks(read_pairs(src_path, tgt_path), CHUNK_LINES)
                 encode = functools.partial(_binarize_chunk, tokenize=True, max_len=None)
             binarize(items, encode, workers, tmp / name, dtype, stats[name], f"binarize {name}", training, opts)
+            if name == "valid" and stats[name].pairs_out == 0:
+                raise NmtError(f"{src_path}: the valid split is empty; training could not validate on it")
             if training:
                 for lang in (src, tgt):
                     (tmp / f"train.tok.{lang}").unlink()
@@ -562,7 +587,7 @@ def _run_stages(opts: PreprocessOptions, inputs: dict[str, tuple[Path, Path]], t
         "inputs": {name: [str(p) for p in paths] for name, paths in inputs.items()},
         "versions": {name: version(name) for name in ("sacremoses", "subword-nmt", "numpy")},
         "timings": {k: round(v, 3) for k, v in timings.items()},
-        "checksums": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
+        "checksums": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MARKER},
     }
 
 

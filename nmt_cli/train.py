@@ -287,7 +287,7 @@ class TrainingRun:
                  reset: bool = False, init_from: Path | None = None, progress_bar: bool = True) -> None:
         self.config, self.save_dir, self.progress_bar = config, Path(save_dir), progress_bar
         self.runtime = set_up_runtime(config)
-        meta = load_meta(data_dir)
+        meta = load_meta(data_dir, verify=True)
         self.text = TextConfig.from_dict(meta["text"])
         src, tgt = self.text.source_lang, self.text.target_lang
         self.src_vocab = Vocabulary.load(Path(data_dir) / meta["dictionaries"][src])
@@ -305,6 +305,11 @@ class TrainingRun:
             raise NmtError(f"{data_dir}: training has a sequence of {longest} tokens (EOS included), more than "
                            f"--max-positions {model_config.max_positions}; raise it or preprocess with a "
                            "smaller --max-len")
+        if self.valid is not None and longest_valid > model_config.max_positions:
+            pair = int(np.maximum(self.valid.src_lengths, self.valid.tgt_lengths).argmax()) + 1
+            raise NmtError(f"{data_dir}: valid pair {pair} has {longest_valid} tokens (EOS included), more than "
+                           f"--max-positions {model_config.max_positions}; shorten or remove that line of the "
+                           "valid split, or raise --max-positions")
         cuda = self.runtime.device.type == "cuda"
         self.pad_multiple = 8 if cuda else 1
         self.prefetcher = Prefetcher(self.train, self.pad_multiple, background=cuda)
@@ -387,8 +392,13 @@ class TrainingRun:
         """One line of train_log.jsonl (and TensorBoard scalars with --tensorboard)."""
         if not self.runtime.main:
             return
-        with open(self.save_dir / "train_log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
+        path = self.save_dir / "train_log.jsonl"
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+        except OSError as e:
+            raise NmtError(f"{path}: cannot write the training log ({reason(e)}); the checkpoints written so far "
+                           "are intact: make room and run the same command to resume") from None
         if self.tensorboard is not None:
             for key, value in entry.items():
                 if key not in ("kind", "update", "epoch"):

@@ -196,8 +196,6 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when complete."""
     if output_path is not None and not output_path.parent.is_dir():
         raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
-    if output_path is not None and output_path.is_dir():
-        raise NmtError(f"{output_path}: is a directory; give a file name to -o")
     torch_device, dtype = select_device(device, precision, threads)
     translator = Translator([load_bundle(path) for path in checkpoints], options, torch_device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer

@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
@@ -97,6 +98,72 @@ def invalid_utf8_to_translate(tmp):
     return args
 
 
+def data_dir(tmp, tamper=None):
+    """`nmt train` on a synthetic data directory, after `tamper(data)`."""
+    from conftest import synthetic_data_dir
+
+    data = synthetic_data_dir(tmp / "d", n_train=40, n_valid=8)
+    if tamper is not None:
+        tamper(data)
+    return ["train", str(data), "--save-dir", str(tmp / "ck"), "--arch", "small", "--encoder-layers", "1",
+            "--decoder-layers", "1", "--d-model", "16", "--d-ff", "16", "--heads", "2", "--max-updates", "1",
+            "--device", "cpu", "--quiet"]
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:-2])
+
+
+def drop_meta_key(data):
+    meta = json.loads((data / "meta.json").read_text())
+    del meta["dictionaries"]
+    (data / "meta.json").write_text(json.dumps(meta))
+
+
+def shorten_dictionary(data):
+    lines = (data / "dict.src.txt").read_text().splitlines(keepends=True)
+    (data / "dict.src.txt").write_text("".join(lines[:-3]))
+
+
+def long_valid_line(data):
+    from nmt_cli.data import ArrayWriter
+
+    writer = ArrayWriter(data / "valid.src", np.dtype(json.loads((data / "meta.json").read_text())["dtype"]))
+    for i in range(8):
+        writer.add([5] * (2000 if i == 3 else 3))
+    writer.close()
+    meta = json.loads((data / "meta.json").read_text())  # checksums made right: only the length is wrong
+    from nmt_cli.preprocess import sha256
+
+    meta["checksums"].update({name: sha256(data / name) for name in ("valid.src.bin", "valid.src.idx")})
+    (data / "meta.json").write_text(json.dumps(meta))
+
+
+def empty_valid_split(tmp):
+    args = corpus(tmp, GOOD, GOOD)
+    (tmp / "valid.en").write_text("")
+    (tmp / "valid.de").write_text("")
+    return args + ["--validpref", str(tmp / "valid")]
+
+
+def destdir_under_a_file(tmp):
+    (tmp / "file").write_text("mine")
+    return [a if a != str(tmp / "out") else str(tmp / "file/out") for a in corpus(tmp, GOOD, GOOD)]
+
+
+def malicious_checkpoint(tmp):
+    import os
+
+    import torch
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    torch.save({"format_version": 1, "model": Evil()}, tmp / "m.pt")
+    return translate(tmp, tmp / "m.pt", ["a"])
+
+
 def option(*args):
     """Command-line arguments with a real model in place of MODEL."""
     return lambda tmp: [str(tiny_checkpoint(tmp / "x.pt")) if a == "MODEL" else a for a in args]
@@ -117,6 +184,26 @@ CASES = [
     Case("averaging different architectures", average_different_architectures, 1,
          r"a.pt and .*b.pt differ in heads \(2 vs 4\)", ["avg.pt"]),
     Case("invalid UTF-8 to translate", invalid_utf8_to_translate, 1, r"in.txt:2: invalid UTF-8", ["out.txt"]),
+    Case("truncated training array", lambda t: data_dir(t, lambda d: truncate(d / "train.tgt.bin")), 1,
+         r"train.tgt.bin: differs from the checksum in meta.json", ["ck/checkpoint_last.pt"]),
+    Case("meta.json without a key", lambda t: data_dir(t, drop_meta_key), 1,
+         r"meta.json: incomplete \(no 'dictionaries'\)", ["ck"]),
+    Case("shortened dictionary", lambda t: data_dir(t, shorten_dictionary), 1, r"dict.src.txt: differs from the "
+         "checksum", ["ck"]),
+    Case("missing index file", lambda t: data_dir(t, lambda d: (d / "valid.tgt.idx").unlink()), 1,
+         r"valid.tgt.idx: missing from the data directory", ["ck"]),
+    Case("valid line longer than the model's positions", lambda t: data_dir(t, long_valid_line), 1,
+         r"valid pair 4 has 2001 tokens .* more than --max-positions", ["ck/checkpoint_last.pt"]),
+    Case("empty valid split", empty_valid_split, 1, r"valid.en: the valid split is empty", ["out"]),
+    Case("--destdir under a file", destdir_under_a_file, 1, r"file: cannot create the directory", ["out"]),
+    Case("translation into a missing directory",
+         lambda t: translate(t, tiny_checkpoint(t / "m.pt"), ["a"])[:-1] + [str(t / "no/out.txt")], 1,
+         r"out.txt: cannot write the translation \(no such directory"),
+    Case("translation into a directory",
+         lambda t: translate(t, tiny_checkpoint(t / "m.pt"), ["a"])[:-1] + [str(t)], 2, r"is a directory"),
+    Case("checkpoint that would run code", malicious_checkpoint, 1,
+         r"m.pt: refused to load: not a plain nmt-cli checkpoint \(unsupported GLOBAL (posix|os).system\)$",
+         ["out.txt"]),
     Case("negative beam", option("translate", "-m", "MODEL", "--beam", "-1"), 2, r"'--beam'"),
     Case("zero max-tokens", option("train", ".", "--save-dir", "s", "--max-tokens", "0"), 2, r"'--max-tokens'"),
     Case("dropout >= 1", option("train", ".", "--save-dir", "s", "--dropout", "1"), 2, r"'--dropout'"),
@@ -136,7 +223,9 @@ def test_bad_input(case, tmp_path, monkeypatch):
     if case.message:
         import re
 
-        assert re.search(case.message, result.output), result.output
+        assert re.search(case.message, result.output.strip(), re.MULTILINE), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)  # no traceback
+    assert "weights_only" not in result.output  # never PyTorch's advice to load a refused file unsafely
     for name in case.absent:
         assert not (tmp_path / name).exists(), name
     assert not list(tmp_path.glob(".*tmp-*"))
