@@ -12,7 +12,6 @@ import os
 import pickle
 import re
 import shutil
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,8 +113,9 @@ def load(path: Path) -> dict[str, Any]:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise NmtError(f"{path}: refused to load: not a plain nmt-cli checkpoint ({_refusal(e)})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        raise NmtError(f"{path}: unreadable or truncated checkpoint ({str(e).splitlines()[0][:200]})") from None
+    except Exception as e:  # garbage makes torch's safe unpickler fail in many ways (IndexError, KeyError, ...)
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise NmtError(f"{path}: unreadable or truncated checkpoint ({detail})") from None
     if not isinstance(checkpoint, dict) or "format_version" not in checkpoint:
         raise NmtError(f"{path}: not an nmt-cli checkpoint")
     if checkpoint["format_version"] != FORMAT_VERSION:

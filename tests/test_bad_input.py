@@ -164,6 +164,26 @@ def malicious_checkpoint(tmp):
     return translate(tmp, tmp / "m.pt", ["a"])
 
 
+def text_file_as_checkpoint(tmp):
+    write_lines(tmp / "notes.txt", ["not a model"])
+    return ["average-checkpoints", "--inputs", str(tmp / "notes.txt"), "-o", str(tmp / "avg.pt")]
+
+
+def score_files(tmp, hyp: bytes, ref: bytes):
+    (tmp / "hyp.txt").write_bytes(hyp)
+    (tmp / "ref.txt").write_bytes(ref)
+    return ["score", "-r", str(tmp / "ref.txt"), "-i", str(tmp / "hyp.txt")]
+
+
+def curves_of(tmp, with_log: bool, output: str):
+    (tmp / "run").mkdir()
+    (tmp / "file").write_text("mine")
+    if with_log:
+        (tmp / "run/train_log.jsonl").write_text('{"kind": "train", "update": 1, "loss": 2.0, "nll": 1.9, "ppl": 6.7, '
+                                                 '"elapsed_s": 1.0}\n')
+    return ["plot", "curves", str(tmp / "run"), "-o", str(tmp / output)]
+
+
 def option(*args):
     """Command-line arguments with a real model in place of MODEL."""
     return lambda tmp: [str(tiny_checkpoint(tmp / "x.pt")) if a == "MODEL" else a for a in args]
@@ -204,6 +224,17 @@ CASES = [
     Case("checkpoint that would run code", malicious_checkpoint, 1,
          r"m.pt: refused to load: not a plain nmt-cli checkpoint \(unsupported GLOBAL (posix|os).system\)$",
          ["out.txt"]),
+    Case("a text file to average", text_file_as_checkpoint, 1, r"notes.txt: (unreadable or truncated|refused to load)",
+         ["avg.pt"]),
+    Case("averaging into a missing directory",
+         lambda t: ["average-checkpoints", "--inputs", str(tiny_checkpoint(t / "a.pt")), "-o", str(t / "no/avg.pt")],
+         1, r"avg.pt: cannot write checkpoint \(No such file or directory\)"),
+    Case("score: line counts differ", lambda t: score_files(t, b"a\n", b"a\nb\n"), 1, r"line counts differ"),
+    Case("score: invalid UTF-8", lambda t: score_files(t, b"a\n", b"\xff\n"), 1, r"ref.txt:1: invalid UTF-8"),
+    Case("plot: a directory without a training log", lambda t: curves_of(t, False, "c.png"), 1,
+         r"train_log.jsonl: not found", ["c.png"]),
+    Case("plot: output under a file", lambda t: curves_of(t, True, "file/c.png"), 1,
+         r"file: cannot write the plot there"),
     Case("negative beam", option("translate", "-m", "MODEL", "--beam", "-1"), 2, r"'--beam'"),
     Case("zero max-tokens", option("train", ".", "--save-dir", "s", "--max-tokens", "0"), 2, r"'--max-tokens'"),
     Case("dropout >= 1", option("train", ".", "--save-dir", "s", "--dropout", "1"), 2, r"'--dropout'"),

@@ -179,3 +179,41 @@ def test_a_failing_checkpoint_write_is_one_line_and_leaves_nothing(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "checkpoint_1.pt: cannot write checkpoint (File too large); earlier checkpoints are intact" in result.stderr
     assert not list((tmp_path / "ck").iterdir())  # no temporary, no lock, no half checkpoint
+
+
+def test_preprocess_on_a_full_disk_and_interrupted_with_workers_says_one_line(tmp_path):
+    """Writes that fail (files limited to 20 kB) and Ctrl-C to a run with 2 workers: one line each,
+    no traceback, nothing left beside the inputs."""
+    import resource
+
+    from conftest import SYMBOLS, write_lines
+
+    rng = random.Random(2)
+    lines = [" ".join(rng.choice(SYMBOLS) * 2 for _ in range(rng.randint(5, 30))) for _ in range(40000)]
+    write_lines(tmp_path / "in.src", lines)
+    write_lines(tmp_path / "in.tgt", lines)
+    args = [sys.executable, "-m", "nmt_cli", "preprocess", "-s", "src", "-t", "tgt", "--trainpref",
+            str(tmp_path / "in"), "--destdir", str(tmp_path / "out"), "--tokenizer", "none", "--bpe-merges", "50",
+            "--quiet"]
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    full = subprocess.run(args + ["--workers", "1"], env=ENV, capture_output=True, text=True, timeout=120,
+                          preexec_fn=small_files)
+    assert full.returncode == 1 and "Traceback" not in full.stderr, full.stderr
+    assert "cannot write the data directory (File too large); nothing was written" in full.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.src", "in.tgt"]
+
+    process = subprocess.Popen(args + ["--workers", "2"], env=ENV, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.nmt-tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    assert process.poll() is None, "finished before it could be interrupted"
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    _, err = process.communicate(timeout=60)
+    assert process.returncode != 0 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.src", "in.tgt"]
