@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from nmt_cli import NmtError
+from nmt_cli.kernels import keep_freed_memory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -36,21 +35,3 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
     else:
         keep_freed_memory()
     return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed memory for reuse rather than return it to the system:
-    every block comes from the heap (no fresh mapping per large tensor), and the heap is not
-    trimmed. A fresh mapping costs a page fault per 4 KB at first touch, which on a 2-core VM
-    made allocating a tensor cost 5-8x more than filling it. Decoding (tens of MB per step) had
-    half the page faults and ran about 6% faster; training (the 100 MB logits and their gradient
-    in each batch) ran 13-18% faster for 10-17% more peak memory. The process keeps its peak
-    memory until it exits. False (nothing changed) without glibc.
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
-    settings = ((m_mmap_max, 0), (m_trim_threshold, 1 << 30), (m_top_pad, 256 << 20))
-    return all(mallopt(option, value) == 1 for option, value in settings)

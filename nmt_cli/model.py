@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
+from nmt_cli.kernels import Dropout, written_out_attention
 
 
 def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
@@ -28,53 +29,6 @@ def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return pe.float()
-
-
-class Dropout(nn.Module):
-    """Dropout (§5.4, Srivastava et al. 2014): zero each element with probability p, scale the rest
-    by 1 / (1 - p).
-
-    On CPU the keep mask is drawn as 64-bit random integers over their full range, each giving four
-    elements (its four 16-bit parts, compared with one threshold), instead of torch's per-element
-    Bernoulli sampler: torch draws CPU random numbers on one thread. On a 2-core CPU, dropout so
-    costs 3-4% of a training step (5-7% with two elements a draw, 8-14% with F.dropout; measured
-    by tests/benchmarks/train_speed.py --dropout-ab). p is taken to a multiple of 2^-16 (0.1
-    becomes 0.100006), and the scale is that of the p taken, so the expected output is exactly
-    the input. Elsewhere (CUDA) it is torch's kernel.
-    """
-
-    def __init__(self, p: float) -> None:
-        super().__init__()
-        self.p = p
-        dropped = round(p * 2**16)  # of the 2^16 values of a 16-bit part
-        self.threshold = dropped - 2**15  # int16 parts below it are dropped
-        self.scale = 2**16 / (2**16 - dropped) if dropped < 2**16 else 0.0
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, training=True)
-        bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # uniform 64 bits
-        keep = (bits.view(torch.int16)[: x.numel()] >= self.threshold).view(x.shape)
-        return Masked.apply(x, keep.to(x.dtype).mul_(self.scale))
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
-class Masked(torch.autograd.Function):
-    """x * mask, where the mask is a constant (no gradient, no autograd bookkeeping for it)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, mask: Tensor) -> Tensor:
-        ctx.save_for_backward(mask)
-        return x * mask
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        (mask,) = ctx.saved_tensors
-        return grad * mask, None
 
 
 class Embedding(nn.Module):
@@ -101,8 +55,20 @@ class Embedding(nn.Module):
         return self.dropout(self.tokens(tokens) * self.scale + positions.to(self.tokens.weight.dtype))
 
 
-# On the CPU, attention over at most this many keys is written out rather than fused (`attend`).
-MATH_ATTENTION_MAX_KEYS = 64
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+              dropout: nn.Module) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, eq. 1: softmax(Q K^T / sqrt(d_k)) V, per head.
+
+    `mask` is True on the keys a query may see; `causal` hides later positions (§3.2.3);
+    dropout applies to the weights. Returns the output and the weights."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, -math.inf)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return dropout(weights) @ v, weights
 
 
 class MultiHeadAttention(nn.Module):
@@ -148,22 +114,14 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
                step: bool = False) -> Tensor:
-        """softmax(Q K^T / sqrt(d_k)) V for all heads, concatenated and projected by W^O."""
-        if self.keep_weights or step or (q.device.type == "cpu" and k.size(-2) <= MATH_ATTENTION_MAX_KEYS):
-            # The same equation written out: to keep the weights for inspection; and on the CPU
-            # for short sequences (a search step's few queries, sentences of up to 64 tokens),
-            # where it is faster than the fused kernel, backward included: 1.2-1.8x up to 34
-            # tokens, even at 64, slower from 128 (tests/benchmarks/attention_speed.py, 2 cores).
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
-            if causal:
-                future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
-                scores = scores.masked_fill(future, -math.inf)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, -math.inf)
-            weights = torch.softmax(scores, dim=-1)
+        """softmax(Q K^T / sqrt(d_k)) V for all heads, concatenated and projected by W^O.
+
+        Written out (`attention`) to keep the weights for inspection, at a search step, and where
+        that is faster (`kernels.written_out_attention`); else torch's fused kernel."""
+        if self.keep_weights or step or written_out_attention(q, k):
+            out, weights = attention(q, k, v, mask, causal, self.dropout)
             if self.keep_weights:
                 self.weights = weights
-            out = self.dropout(weights) @ v
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal,
@@ -328,7 +286,7 @@ class Transformer(nn.Module):
         pre_norm = config.norm == "pre"
         self.encoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
-        self.int8_projection: nn.Module | None = None  # set by quantize_int8
+        self.int8_projection: nn.Module | None = None  # set by kernels.quantize_int8
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -363,19 +321,6 @@ class Transformer(nn.Module):
         if self.int8_projection is not None:
             return self.int8_projection(x)
         return F.linear(x, self.tgt_embed.tokens.weight)
-
-    @torch.no_grad()
-    def quantize_int8(self) -> None:
-        """Dynamic int8 quantization for CPU inference, in place: every linear layer, the
-        pre-softmax projection included, keeps int8 weights (one scale per output row) and
-        quantizes its input per call (torch.ao dynamic quantization, fbgemm/x86 kernels). The
-        embeddings stay float32. The model can no longer be trained or saved as a checkpoint."""
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-        weight = self.tgt_embed.tokens.weight
-        self.int8_projection = nn.Linear(weight.size(1), weight.size(0), bias=False)
-        self.int8_projection.weight = weight
-        quantize_dynamic(self.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, keep: Tensor | None = None) -> Tensor:
         """Logits for every position of a target prefix (teacher forcing), causally masked.

@@ -15,12 +15,13 @@ the maximum length is reached. With beam 1 this is greedy decoding.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from nmt_cli.kernels import search_projection, top_k
 from nmt_cli.model import DecoderState, Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -52,36 +53,6 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -> Tensor:
     """Most output tokens (EOS excluded) per sentence: a * source tokens + b, within the model's positions."""
     return (config.max_len_a * src_lengths + config.max_len_b).long().clamp(1, max_positions - 1)
-
-
-class PackedProjection:
-    """x W^T with W reordered once into oneDNN's blocked layout, for CPU inference in float32.
-
-    F.linear hands MKL the plain weight, which it repacks at every call. For the pre-softmax
-    projection (the largest matrix, used at every step of the search) packing it once per
-    search made decoding 10-15% faster on a 2-core CPU. The packed copy does not follow later
-    changes to the weight, so it lives with an Ensemble, never in the model. It uses the oneDNN
-    ops of torch.compile's CPU backend; RuntimeError or AttributeError where PyTorch has none.
-    """
-
-    def __init__(self, weight: Tensor) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self(weight[:1].detach())  # a missing kernel fails here, not in the middle of a search
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-
-
-def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
-    """The model's pre-softmax projection as a search should run it: packed where it can be
-    (float32 on the CPU, not quantized)."""
-    weight = model.tgt_embed.tokens.weight
-    if weight.device.type == "cpu" and weight.dtype == torch.float32 and model.int8_projection is None:
-        try:
-            return PackedProjection(weight)
-        except (RuntimeError, AttributeError):
-            pass
-    return model.project
 
 
 class Ensemble:
@@ -123,30 +94,6 @@ class Ensemble:
             values.append(top_values)
             indices.append(top_indices)
         return torch.cat(values), torch.cat(indices)
-
-
-def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
-    """x.topk(k, dim=1) for a wide x (rows, vocab), faster on the CPU.
-
-    Each row is cut into `chunks` equal parts (plus a short tail), laid over each other, and
-    each position takes its maximum over the parts. The k largest entries of the row lie at the
-    k positions with the largest maxima (any other position has k positions above it, each
-    holding a larger entry), so only those positions of every part, and the tail, are
-    candidates. torch.topk's CPU kernel costs about 1 ns per entry, the maximum over parts a
-    tenth of that. In beam search over 7,960 tokens on 2 cores, top-k went from 7% of the time
-    to 3%. Off the CPU, or for a narrow x, it is torch.topk.
-    """
-    rows, width = x.shape
-    part = width // chunks
-    if x.device.type != "cpu" or part < 8 * k:
-        return x.topk(k, dim=1)
-    columns = x[:, : part * chunks].view(rows, chunks, part).amax(1).topk(k, dim=1).indices
-    candidates = (columns[:, :, None] + torch.arange(0, part * chunks, part)).view(rows, -1)
-    if width > part * chunks:  # the tail columns are candidates too
-        tail = torch.arange(part * chunks, width).expand(rows, -1)
-        candidates = torch.cat([candidates, tail], dim=1)
-    top = x.gather(1, candidates).topk(k, dim=1)
-    return top.values, candidates.gather(1, top.indices)
 
 
 @torch.inference_mode()

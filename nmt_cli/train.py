@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import enum
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data import Batch, ParallelData, Prefetcher, shuffled, token_batches
 from nmt_cli.device import select as select_device
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries, write_text
+from nmt_cli.kernels import SmoothedCrossEntropy
 from nmt_cli.model import Transformer
 from nmt_cli.preprocess import load_meta
 from nmt_cli.text import TextConfig
@@ -69,60 +72,28 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple
     return loss.sum(), nll.sum()
 
 
-class SmoothedCrossEntropy(torch.autograd.Function):
-    """Per-token label-smoothed loss and NLL, computed in float32 over blocks of rows of the
-    logits, with the gradient in closed form: d loss / d logits = softmax - (1 - eps) *
-    onehot(target) - eps / V.
-
-    Only each row's log-normalizer (logsumexp) is kept for the backward pass, never the
-    (tokens, V) float32 log-probabilities: with bf16 logits on a GPU that matrix would be twice
-    the logits' size, written and read again in several full passes. The block size keeps the
-    CPU's passes within its caches and the GPU's kernels large (`BLOCK_ELEMENTS`).
-    """
-
-    BLOCK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 26}
-
-    @staticmethod
-    def blocks(logits: Tensor) -> range:
-        rows = max(1, SmoothedCrossEntropy.BLOCK_ELEMENTS.get(logits.device.type, 1 << 26) // logits.size(-1))
-        return range(0, logits.size(0), rows)
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-        blocks = SmoothedCrossEntropy.blocks(logits)
-        normalizer = logits.new_empty(logits.size(0), dtype=torch.float32)
-        target_logit, mean_logit = torch.empty_like(normalizer), torch.empty_like(normalizer)
-        for start in blocks:
-            block = logits[start:start + blocks.step].float()
-            rows = slice(start, start + block.size(0))
-            torch.logsumexp(block, dim=-1, out=normalizer[rows])
-            target_logit[rows] = block.gather(-1, target[rows, None]).squeeze(-1)
-            torch.mean(block, dim=-1, out=mean_logit[rows])
-        real = (target != PAD_ID).float()
-        nll = (normalizer - target_logit) * real
-        uniform = (normalizer - mean_logit) * real
-        ctx.save_for_backward(logits, target, real, normalizer)
-        ctx.epsilon = epsilon
-        ctx.mark_non_differentiable(nll)
-        return (1 - epsilon) * nll + epsilon * uniform, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None]:
-        logits, target, real, normalizer = ctx.saved_tensors
-        blocks = SmoothedCrossEntropy.blocks(logits)
-        weight = (grad_loss * real)[:, None]
-        grad = torch.empty_like(logits)
-        epsilon, vocab = ctx.epsilon, logits.size(-1)
-        for start in blocks:
-            rows = slice(start, start + blocks.step)
-            block = torch.sub(logits[rows], normalizer[rows, None]).exp_()  # softmax, float32
-            block.sub_(epsilon / vocab)
-            block.scatter_add_(-1, target[rows, None], torch.full_like(weight[rows], epsilon - 1))
-            grad[rows] = block.mul_(weight[rows])
-        return grad, None, None
-
-
 # ---------------------------------------------------------------------------- set-up
+
+class Stop(enum.Enum):
+    """Why a training run stops."""
+
+    MAX_UPDATES = enum.auto()
+    MAX_EPOCHS = enum.auto()
+    MAX_TIME = enum.auto()
+    PATIENCE = enum.auto()
+    INTERRUPTED = enum.auto()
+
+    def describe(self, c: TrainConfig, signals: Sequence[int] = ()) -> str:
+        if self is Stop.MAX_UPDATES:
+            return f"reached --max-updates {c.max_updates}"
+        if self is Stop.MAX_EPOCHS:
+            return f"reached --max-epochs {c.max_epochs}"
+        if self is Stop.MAX_TIME:
+            return f"reached --max-time {c.max_time:g} minutes"
+        if self is Stop.PATIENCE:
+            return f"no better validation {c.best_checkpoint_metric} in {c.patience} validations (--patience)"
+        return f"interrupted by signal {signals[0] if signals else ''}".strip()
+
 
 @dataclass
 class Progress:
@@ -488,15 +459,15 @@ class TrainingRun:
 
     # -- the loop
 
-    def done(self) -> str | None:
-        """Why training should stop now, if it should."""
+    def done(self) -> Stop | None:
+        """Why training should stop now, if it should (the criteria that need no clock or signal)."""
         c, p = self.config, self.progress
         if c.max_updates is not None and p.updates >= c.max_updates:
-            return f"reached --max-updates {c.max_updates}"
+            return Stop.MAX_UPDATES
         if c.max_epochs is not None and p.epoch > c.max_epochs:
-            return f"reached --max-epochs {c.max_epochs}"
+            return Stop.MAX_EPOCHS
         if c.patience is not None and p.bad_validations >= c.patience:
-            return f"no better validation {c.best_checkpoint_metric} in {c.patience} validations (--patience)"
+            return Stop.PATIENCE
         return None
 
     def run(self) -> Progress:
@@ -525,21 +496,21 @@ class TrainingRun:
         if c.max_time is not None and p.elapsed_s >= c.max_time * 60:  # the same on every process
             self.log(f"nothing to do: {p.elapsed_s / 60:.1f} minutes trained already (--max-time {c.max_time:g})")
             return p
-        if (reason := self.done()) is not None:
-            self.log(f"nothing to do: {reason}")
+        if (stop := self.done()) is not None:
+            self.log(f"nothing to do: {stop.describe(c)}")
             return p
         interrupted: list[int] = []  # Ctrl-C or SIGTERM: save at the current update, then stop
         handlers = {sig: signal.signal(sig, lambda n, _f: interrupted.append(n))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         bar = self._progress_bar()
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
-        reason: str | None = None
+        stop: Stop | None = None
         try:
-            while reason is None:
+            while stop is None:
                 order = shuffled(self.batches, c.seed, p.epoch)
                 full, rest = divmod(len(order), per_update)
                 updates_in_epoch = full + (1 if rest and rt.world == 1 else 0)
-                while p.epoch_updates < updates_in_epoch and reason is None:
+                while p.epoch_updates < updates_in_epoch and stop is None:
                     group, mine = self._share(order, p.epoch_updates)
                     if p.epoch_updates + 1 < updates_in_epoch:
                         self.prefetcher.prefetch(self._share(order, p.epoch_updates + 1)[1])
@@ -553,16 +524,17 @@ class TrainingRun:
                         bar.update(1)
                         if p.updates % c.log_interval == 0:
                             self._log_window(window, stats["lr"], bar)
-                    reason = self._after_update(interrupted, advanced=stats is not None)
-                if reason is None:  # end of epoch
+                    stop = self._after_update(interrupted, advanced=stats is not None)
+                if stop is None:  # end of epoch
                     best = self.validate()
                     p.epoch, p.epoch_updates = p.epoch + 1, 0
                     self.save(best)
-                    reason = self.done()
-            if reason.startswith("interrupted"):
-                raise NmtError(f"{reason}; checkpoint saved at update {p.updates} in {self.save_dir}. "
+                    stop = self.done()
+            if stop is Stop.INTERRUPTED:
+                raise NmtError(f"{stop.describe(c, interrupted)}; checkpoint saved at update {p.updates} in "
+                               f"{self.save_dir}. "
                                "Run the same command again to resume.")
-            self.log(f"done: {reason}; {p.updates} updates, {self.elapsed() / 60:.1f} minutes")
+            self.log(f"done: {stop.describe(c)}; {p.updates} updates, {self.elapsed() / 60:.1f} minutes")
         finally:
             bar.close()
             self.prefetcher.close()
@@ -607,27 +579,23 @@ class TrainingRun:
             self.record({"kind": "loss_scale", "update": step, "before": before, "after": after})
         return stats
 
-    def _after_update(self, interrupted: list[int], advanced: bool) -> str | None:
-        """Validate and save when due; returns a reason to stop, if any. After a skipped update
-        (`advanced` False) the update-count intervals are not due again."""
+    def _after_update(self, interrupted: list[int], advanced: bool) -> Stop | None:
+        """Validate and save when due; returns why to stop, if training should. After a skipped
+        update (`advanced` False) the update-count intervals are not due again."""
         c, p = self.config, self.progress
         out_of_time = c.max_time is not None and self.elapsed() >= c.max_time * 60
         save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
-        out_of_time, save_due, stop = self.agree(out_of_time, save_due, bool(interrupted))
-        reason = self.done()
-        if stop:
-            reason = f"interrupted by signal {interrupted[0] if interrupted else ''}".strip()
-        elif out_of_time:
-            reason = f"reached --max-time {c.max_time:g} minutes"
+        out_of_time, save_due, signalled = self.agree(out_of_time, save_due, bool(interrupted))
+        stop = Stop.INTERRUPTED if signalled else Stop.MAX_TIME if out_of_time else self.done()
         best = False
         interval_due = advanced and c.validate_interval_updates and p.updates % c.validate_interval_updates == 0
-        if interval_due or (reason is not None and not reason.startswith("interrupted")):
+        if interval_due or (stop is not None and stop is not Stop.INTERRUPTED):
             best = self.validate()
-            reason = reason or self.done()
+            stop = stop or self.done()
         save_interval_due = advanced and c.save_interval_updates and p.updates % c.save_interval_updates == 0
-        if reason or best or save_due or save_interval_due:
+        if stop or best or save_due or save_interval_due:
             self.save(best)
-        return reason
+        return stop
 
     def _progress_bar(self) -> Any:
         from tqdm import tqdm

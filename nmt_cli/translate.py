@@ -19,7 +19,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from nmt_cli import NmtError
+from nmt_cli import NmtError, kernels
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.data import pad
 from nmt_cli.device import select as select_device
@@ -161,14 +161,14 @@ class Translator:
 
 
 def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) -> None:
-    """`--quantize int8`: see Transformer.quantize_int8; CPU and float32 only."""
+    """`--quantize int8`: see kernels.quantize_int8; CPU and float32 only."""
     if device.type != "cpu" or dtype != torch.float32:
         raise NmtError(f"--quantize int8 runs on the CPU in fp32 (add --device cpu), not on {device.type} "
                        f"in {str(dtype).removeprefix('torch.')}")
     try:
         with warnings.catch_warnings():  # torch >= 2.10 warns that torch.ao moves to torchao
             warnings.simplefilter("ignore")
-            model.quantize_int8()
+            kernels.quantize_int8(model)
     except (ImportError, RuntimeError) as e:
         raise NmtError(f"--quantize int8: this PyTorch cannot quantize on this CPU ({e})") from None
 

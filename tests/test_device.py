@@ -1,16 +1,13 @@
 """Device and precision choice, shared by `nmt train` and `nmt translate`."""
 
-import ctypes
-import platform
-
 import pytest
 import torch
 from click.testing import CliRunner
 from conftest import tiny_checkpoint
 
-from nmt_cli import NmtError, device
+from nmt_cli import NmtError
 from nmt_cli.cli import main
-from nmt_cli.device import keep_freed_memory, select
+from nmt_cli.device import select
 
 
 def test_cpu_defaults_to_fp32():
@@ -33,14 +30,3 @@ def test_half_precision_needs_cuda(tmp_path, precision):
     result = CliRunner().invoke(main, ["translate", "-m", str(tiny_checkpoint(tmp_path / "m.pt")), "--device", "cpu",
                                        "--precision", precision], input="a\n")
     assert result.exit_code == 1 and "needs a CUDA device" in result.output
-
-
-def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypatch):
-    if platform.libc_ver()[0] == "glibc":  # Linux, as in CI
-        assert keep_freed_memory()
-        sbrk = ctypes.CDLL(None).sbrk
-        sbrk.restype = ctypes.c_void_p
-        block = torch.empty(1 << 24)  # 64 MB: above the largest mmap threshold glibc accepts (32 MB)
-        assert block.data_ptr() < sbrk(0)  # below the program break: the heap, not a fresh mapping
-    monkeypatch.setattr(device.ctypes, "CDLL", lambda name: object())  # a C library without mallopt
-    assert not keep_freed_memory()

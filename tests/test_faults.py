@@ -188,12 +188,13 @@ def test_preprocess_on_a_full_disk_and_interrupted_with_workers_says_one_line(tm
 
     from conftest import SYMBOLS, write_lines
 
-    rng = random.Random(2)
-    lines = [" ".join(rng.choice(SYMBOLS) * 2 for _ in range(rng.randint(5, 30))) for _ in range(40000)]
+    rng = random.Random(2)  # many distinct words: learning 3,000 merges takes seconds, time to interrupt it
+    lines = [" ".join("".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 8))) for _ in range(rng.randint(5, 30)))
+             for _ in range(40000)]
     write_lines(tmp_path / "in.src", lines)
     write_lines(tmp_path / "in.tgt", lines)
     args = [sys.executable, "-m", "nmt_cli", "preprocess", "-s", "src", "-t", "tgt", "--trainpref",
-            str(tmp_path / "in"), "--destdir", str(tmp_path / "out"), "--tokenizer", "none", "--bpe-merges", "50",
+            str(tmp_path / "in"), "--destdir", str(tmp_path / "out"), "--tokenizer", "none", "--bpe-merges", "3000",
             "--quiet"]
 
     def small_files() -> None:

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from nmt_cli import kernels
 from nmt_cli.config import PRESETS
-from nmt_cli.model import Dropout, Transformer, positional_encoding
+from nmt_cli.model import Transformer, positional_encoding
 
 PAD = 0
 TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
@@ -58,7 +59,7 @@ def test_written_out_attention_equals_the_fused_kernel(norm, monkeypatch):
 
     written_out, written_out_grads = run()
     assert not fused_calls  # every attention of the model written out
-    monkeypatch.setattr(model_module, "MATH_ATTENTION_MAX_KEYS", 0)
+    monkeypatch.setattr(kernels, "WRITTEN_OUT_MAX_KEYS", 0)
     fused, fused_grads = run()
     layers = model.config.encoder_layers + 2 * model.config.decoder_layers
     assert len(fused_calls) == layers  # and now every one fused
@@ -210,44 +211,6 @@ def test_sequence_beyond_max_positions_is_a_clear_error():
 
 def test_pad_embedding_starts_at_zero():
     assert tiny_model().src_embed.tokens.weight[PAD].abs().sum() == 0
-
-
-@pytest.mark.parametrize("p", [0.1, 0.3])
-def test_cpu_dropout_keeps_1_minus_p_in_each_part_of_a_draw_and_rescales(p):
-    torch.manual_seed(0)
-    n = 1_000_003  # not a multiple of 4: the last 64-bit draw is partly used
-    x = torch.ones(n, requires_grad=True)
-    drop = Dropout(p).train()
-    y = drop(x)
-    kept = y != 0
-    sigma = math.sqrt(p * (1 - p) / (n / 4))
-    for part in range(4):  # the four 16-bit parts of the random integers, the sign bit's included
-        assert abs(kept[part::4].float().mean().item() - (1 - p)) < 5 * sigma
-    assert abs(drop.scale - 1 / (1 - p)) < 1e-4  # p taken to a multiple of 2^-16
-    assert torch.allclose(y[kept], torch.full_like(y[kept], drop.scale))
-    y.backward(torch.full_like(y, 2.0))
-    assert torch.equal(x.grad, torch.where(kept, 2.0 * drop.scale, 0.0))
-    # neighbouring elements are independent (not one part reused)
-    for shift in (1, 2, 3):
-        both = (kept[:-shift] & kept[shift:]).float().mean().item()
-        assert abs(both - (1 - p) ** 2) < 5 * sigma
-
-
-def test_cpu_dropout_near_1_drops_everything():
-    drop = Dropout(1 - 2**-18).train()  # rounds to all 2^16 values dropped: no division by zero
-    assert drop.scale == 0.0
-    assert torch.equal(drop(torch.ones(1000)), torch.zeros(1000))
-
-
-def test_dropout_is_identity_in_eval_and_seeded_in_training():
-    x = torch.randn(64, 32)
-    drop = Dropout(0.1)
-    assert drop.eval()(x) is x
-    drop.train()
-    torch.manual_seed(3)
-    a = drop(x)
-    torch.manual_seed(3)
-    assert torch.equal(a, drop(x)) and not torch.equal(a, drop(x))
 
 
 def test_reorders_between_two_steps_compose():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from nmt_cli import search
+from nmt_cli import kernels, search
 from nmt_cli.config import PRESETS
 from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, SearchConfig, beam_search, length_penalty, max_lengths
@@ -137,23 +137,6 @@ def test_search_equals_the_search_written_out(beam, vocab, seed):
         assert [h.score for h in hyps] == pytest.approx([score for score, _, _ in expected], abs=1e-4)
 
 
-@pytest.mark.parametrize("width", [600, 601, 7960])
-def test_top_k_through_chunk_maxima_equals_torch_topk(width):
-    torch.manual_seed(width)
-    x = torch.randn(37, width)
-    x[:, [0, 1, 3]] = -math.inf  # banned tokens
-    x[5, :] = -math.inf
-    x[5, 2] = 0.0  # a row where only EOS is allowed: one finite entry
-    x[7, width - 1] = 50.0  # the largest entry in the tail
-    values, indices = search.top_k(x, 8)
-    expected = x.topk(8, dim=1)
-    assert torch.equal(values, expected.values)
-    finite = values.isfinite()
-    assert torch.equal(indices[finite], expected.indices[finite])  # -inf ties may take any columns
-    assert torch.equal(x.gather(1, indices), values)
-    assert all(len(set(row)) == 8 for row in indices.tolist())  # no column twice
-
-
 def test_batched_equals_one_by_one():
     model = random_model(15, 1, scale=3.0)
     rows = [[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [7, 7, 7, 7, 7, 7, 7, 7, 7]]
@@ -212,7 +195,7 @@ def test_packed_projection_matches_the_model_and_leaves_it_alone():
     model = random_model(50, 3, scale=4.0)
     ensemble = Ensemble([model])
     if torch.backends.mkldnn.is_available():  # x86 builds of PyTorch (this project's CI) have oneDNN
-        assert isinstance(ensemble.projections[0], search.PackedProjection)
+        assert isinstance(ensemble.projections[0], kernels.PackedProjection)
     assert model.int8_projection is None and "project" not in vars(model)  # the model is not changed
     x = torch.randn(37, 32)
     with torch.inference_mode():
@@ -228,13 +211,13 @@ def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypa
     def unavailable(weight):
         raise AttributeError("'_OpNamespace' 'mkldnn' object has no attribute '_reorder_linear_weight'")
 
-    monkeypatch.setattr(search, "PackedProjection", unavailable)
+    monkeypatch.setattr(kernels, "PackedProjection", unavailable)
     ensemble = Ensemble([model])
     assert ensemble.projections[0] == model.project
     plain = beam_search(ensemble, src, config)
     assert [[h.tokens for h in hyps] for hyps in plain] == [[h.tokens for h in hyps] for hyps in packed]
     assert [hyps[0].score for hyps in plain] == pytest.approx([hyps[0].score for hyps in packed], abs=1e-4)
     attempts: list = []
-    monkeypatch.setattr(search, "PackedProjection", attempts.append)
+    monkeypatch.setattr(kernels, "PackedProjection", attempts.append)
     bf16 = random_model(50, 4).to(torch.bfloat16)
     assert Ensemble([bf16]).projections[0] == bf16.project and not attempts  # not even tried off float32

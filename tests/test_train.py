@@ -85,26 +85,6 @@ def test_label_smoothed_loss_gradient_matches_autograd_of_the_definition():
     assert ours[2, 3:].abs().max() == 0  # padding gets no gradient
 
 
-def test_label_smoothed_loss_in_blocks_equals_one_block(monkeypatch):
-    """The loss and gradient do not depend on how the rows are split into blocks (4 rows a block here)."""
-    from nmt_cli.train import SmoothedCrossEntropy
-
-    torch.manual_seed(1)
-    logits = torch.randn(30, 50) * 4
-    target = torch.randint(1, 50, (30,))
-    target[5::6] = PAD_ID
-    results = []
-    for block in (1 << 20, 4 * 50):
-        monkeypatch.setitem(SmoothedCrossEntropy.BLOCK_ELEMENTS, "cpu", block)
-        x = logits.clone().requires_grad_()
-        loss, nll = label_smoothed_loss(x, target, 0.1)
-        loss.backward()
-        results.append((loss, nll, x.grad))
-    assert len(SmoothedCrossEntropy.blocks(logits)) == 8
-    for one, blocks in zip(*results):
-        torch.testing.assert_close(blocks, one, rtol=1e-6, atol=1e-7)
-
-
 # ---------------------------------------------------------------------------- training runs
 
 LEARNER = TINY.replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.0)

@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
 
-from nmt_cli import NmtError
+from nmt_cli import NmtError, kernels
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.search import SearchConfig
@@ -158,10 +158,10 @@ def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):
 def test_quantize_int8_failure_of_torch_is_a_clear_error(model_path, monkeypatch):
     model = load_bundle(model_path).model
 
-    def unavailable():
+    def unavailable(_model):
         raise ImportError("No module named 'torch.ao.quantization'")
 
-    monkeypatch.setattr(model, "quantize_int8", unavailable)
+    monkeypatch.setattr(kernels, "quantize_int8", unavailable)
     with pytest.raises(NmtError, match=r"--quantize int8: this PyTorch cannot quantize on this CPU \(No module"):
         quantize_int8(model, torch.device("cpu"), torch.float32)
 

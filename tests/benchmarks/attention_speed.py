@@ -1,7 +1,7 @@
 """Attention on the CPU, fused kernel against written out: `python tests/benchmarks/attention_speed.py`.
 
 Times `F.scaled_dot_product_attention` and the written-out q k^T / softmax / v of
-`MultiHeadAttention.attend` (the model's own code, switched through `MATH_ATTENTION_MAX_KEYS`),
+`MultiHeadAttention.attend` (the model's own code, switched through `kernels.WRITTEN_OUT_MAX_KEYS`),
 the output projection W^O included, forward + backward and forward alone, at the shapes of a
 4,096-token batch (4 heads of 64, a key padding mask, or causal), alternating `--rounds` times.
 One JSON line per shape: the milliseconds of each and the speed-up of writing it out, per round.
@@ -16,6 +16,7 @@ import time
 import torch
 
 import nmt_cli.model as model_module
+from nmt_cli import kernels
 from nmt_cli.config import PRESETS
 from nmt_cli.device import select
 
@@ -57,7 +58,7 @@ def main() -> None:
                 for _ in range(args.rounds):
                     ms = {}
                     for name, limit in (("fused", 0), ("written_out", 1 << 30)):
-                        model_module.MATH_ATTENTION_MAX_KEYS = limit
+                        kernels.WRITTEN_OUT_MAX_KEYS = limit
                         ms[name] = timed(attention, batch, length, causal, backward, args.repeat)
                     rounds.append(ms)
                 print(json.dumps({

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nmt_cli import model
+from nmt_cli import kernels
 from nmt_cli.config import PRESETS, TrainConfig
 from nmt_cli.data import shuffled
 from nmt_cli.train import TrainingRun
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--dropout-ab", action="store_true", help="each batch once per dropout kind, in turn")
     args = parser.parse_args()
     if args.fused_attention:
-        model.MATH_ATTENTION_MAX_KEYS = 0
+        kernels.WRITTEN_OUT_MAX_KEYS = 0
     config = TrainConfig(max_tokens=args.max_tokens, threads=args.threads, device=args.device,
                          precision=args.precision, compile=args.compile, lr_schedule="inverse-sqrt", lr=1e-3)
     with tempfile.TemporaryDirectory() as save_dir:
@@ -91,9 +91,9 @@ def update(run: TrainingRun, indices: np.ndarray, step: int) -> int:
 
 def dropout_ab(run: TrainingRun, batches: list, warmup: int) -> dict[str, float]:
     """Target tokens/s per dropout kind, each timed batch run once per kind, the order rotating."""
-    kinds = {"ours": model.Dropout.forward, "torch": lambda self, x: F.dropout(x, self.p, self.training),
+    kinds = {"ours": kernels.Dropout.forward, "torch": lambda self, x: F.dropout(x, self.p, self.training),
              "none": lambda self, x: x}
-    modules = [m for m in run.model.modules() if isinstance(m, model.Dropout) and m.p > 0]
+    modules = [m for m in run.model.modules() if isinstance(m, kernels.Dropout) and m.p > 0]
     seconds, tokens = dict.fromkeys(kinds, 0.0), dict.fromkeys(kinds, 0)
     step = 0
     for i, indices in enumerate(batches):

@@ -1,0 +1,222 @@
+"""Machine-specific fast paths, each a drop-in replacement for a plain torch operation and
+tested equal to it (tests/test_kernels.py). The paper's model (model.py), the search (search.py)
+and the trainer (train.py) call them; a reader who wants the paper never needs this file.
+
+- `Dropout`: on the CPU, keep masks drawn four elements per 64-bit random integer.
+- `written_out_attention`: where eq. 1 written out beats the fused kernel (CPU, few keys).
+- `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form.
+- `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN.
+- `top_k`: top-k through chunk maxima on the CPU.
+- `quantize_int8`: dynamic int8 linear layers for CPU inference.
+- `keep_freed_memory`: glibc's malloc keeps freed memory (CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.vocab import PAD_ID
+
+if TYPE_CHECKING:
+    from nmt_cli.model import Transformer
+
+
+class Dropout(nn.Module):
+    """Dropout (§5.4, Srivastava et al. 2014): zero each element with probability p, scale the rest
+    by 1 / (1 - p).
+
+    On CPU the keep mask is drawn as 64-bit random integers over their full range, each giving four
+    elements (its four 16-bit parts, compared with one threshold), instead of torch's per-element
+    Bernoulli sampler, which draws CPU random numbers on one thread (what this saves:
+    tests/benchmarks/train_speed.py --dropout-ab). p is taken to a multiple of 2^-16 (0.1
+    becomes 0.100006), and the scale is that of the p taken, so the expected output is exactly
+    the input. Elsewhere (CUDA) it is torch's kernel.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+        dropped = round(p * 2**16)  # of the 2^16 values of a 16-bit part
+        self.threshold = dropped - 2**15  # int16 parts below it are dropped
+        self.scale = 2**16 / (2**16 - dropped) if dropped < 2**16 else 0.0
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # uniform 64 bits
+        keep = (bits.view(torch.int16)[: x.numel()] >= self.threshold).view(x.shape)
+        return Masked.apply(x, keep.to(x.dtype).mul_(self.scale))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Masked(torch.autograd.Function):
+    """x * mask, where the mask is a constant (no gradient, no autograd bookkeeping for it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, mask: Tensor) -> Tensor:
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+# On the CPU, attention over at most this many keys is written out rather than fused.
+WRITTEN_OUT_MAX_KEYS = 64
+
+
+def written_out_attention(q: Tensor, k: Tensor) -> bool:
+    """Whether eq. 1 written out is faster than the fused kernel here: on the CPU for short
+    sequences (a search step's few queries, sentences of up to 64 tokens), backward included
+    (tests/benchmarks/attention_speed.py)."""
+    return q.device.type == "cpu" and k.size(-2) <= WRITTEN_OUT_MAX_KEYS
+
+
+class SmoothedCrossEntropy(torch.autograd.Function):
+    """Per-token label-smoothed loss and NLL, computed in float32 over blocks of rows of the
+    logits, with the gradient in closed form: d loss / d logits = softmax - (1 - eps) *
+    onehot(target) - eps / V.
+
+    Only each row's log-normalizer (logsumexp) is kept for the backward pass, never the
+    (tokens, V) float32 log-probabilities: with bf16 logits on a GPU that matrix would be twice
+    the logits' size, written and read again in several full passes. The block size keeps the
+    CPU's passes within its caches and the GPU's kernels large (`BLOCK_ELEMENTS`).
+    """
+
+    BLOCK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 26}
+
+    @staticmethod
+    def blocks(logits: Tensor) -> range:
+        rows = max(1, SmoothedCrossEntropy.BLOCK_ELEMENTS.get(logits.device.type, 1 << 26) // logits.size(-1))
+        return range(0, logits.size(0), rows)
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+        blocks = SmoothedCrossEntropy.blocks(logits)
+        normalizer = logits.new_empty(logits.size(0), dtype=torch.float32)
+        target_logit, mean_logit = torch.empty_like(normalizer), torch.empty_like(normalizer)
+        for start in blocks:
+            block = logits[start:start + blocks.step].float()
+            rows = slice(start, start + block.size(0))
+            torch.logsumexp(block, dim=-1, out=normalizer[rows])
+            target_logit[rows] = block.gather(-1, target[rows, None]).squeeze(-1)
+            torch.mean(block, dim=-1, out=mean_logit[rows])
+        real = (target != PAD_ID).float()
+        nll = (normalizer - target_logit) * real
+        uniform = (normalizer - mean_logit) * real
+        ctx.save_for_backward(logits, target, real, normalizer)
+        ctx.epsilon = epsilon
+        ctx.mark_non_differentiable(nll)
+        return (1 - epsilon) * nll + epsilon * uniform, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None]:
+        logits, target, real, normalizer = ctx.saved_tensors
+        blocks = SmoothedCrossEntropy.blocks(logits)
+        weight = (grad_loss * real)[:, None]
+        grad = torch.empty_like(logits)
+        epsilon, vocab = ctx.epsilon, logits.size(-1)
+        for start in blocks:
+            rows = slice(start, start + blocks.step)
+            block = torch.sub(logits[rows], normalizer[rows, None]).exp_()  # softmax, float32
+            block.sub_(epsilon / vocab)
+            block.scatter_add_(-1, target[rows, None], torch.full_like(weight[rows], epsilon - 1))
+            grad[rows] = block.mul_(weight[rows])
+        return grad, None, None
+
+
+class PackedProjection:
+    """x W^T with W reordered once into oneDNN's blocked layout, for CPU inference in float32.
+
+    F.linear hands MKL the plain weight, which it repacks at every call; the pre-softmax
+    projection is the largest matrix and runs at every step of a search, so it is packed once per
+    search (measured by tests/benchmarks/decode_speed.py). The packed copy does not follow later
+    changes to the weight, so it lives with an Ensemble, never in the model. It uses the oneDNN
+    ops of torch.compile's CPU backend; RuntimeError or AttributeError where PyTorch has none.
+    """
+
+    def __init__(self, weight: Tensor) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self(weight[:1].detach())  # a missing kernel fails here, not in the middle of a search
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+
+def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
+    """The model's pre-softmax projection as a search should run it: packed where it can be
+    (float32 on the CPU, not quantized)."""
+    weight = model.tgt_embed.tokens.weight
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and model.int8_projection is None:
+        try:
+            return PackedProjection(weight)
+        except (RuntimeError, AttributeError):
+            pass
+    return model.project
+
+
+def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
+    """x.topk(k, dim=1) for a wide x (rows, vocab), faster on the CPU.
+
+    Each row is cut into `chunks` equal parts (plus a short tail), laid over each other, and
+    each position takes its maximum over the parts. The k largest entries of the row lie at the
+    k positions with the largest maxima (any other position has k positions above it, each
+    holding a larger entry), so only those positions of every part, and the tail, are
+    candidates; a maximum over parts costs far less per entry than torch.topk's CPU kernel
+    (measured by tests/benchmarks/decode_speed.py). Off the CPU, or for a narrow x, it is
+    torch.topk.
+    """
+    rows, width = x.shape
+    part = width // chunks
+    if x.device.type != "cpu" or part < 8 * k:
+        return x.topk(k, dim=1)
+    columns = x[:, : part * chunks].view(rows, chunks, part).amax(1).topk(k, dim=1).indices
+    candidates = (columns[:, :, None] + torch.arange(0, part * chunks, part)).view(rows, -1)
+    if width > part * chunks:  # the tail columns are candidates too
+        tail = torch.arange(part * chunks, width).expand(rows, -1)
+        candidates = torch.cat([candidates, tail], dim=1)
+    top = x.gather(1, candidates).topk(k, dim=1)
+    return top.values, candidates.gather(1, top.indices)
+
+
+@torch.no_grad()
+def quantize_int8(model: Transformer) -> None:
+    """Dynamic int8 quantization for CPU inference, in place: every linear layer, the
+    pre-softmax projection included, keeps int8 weights (one scale per output row) and
+    quantizes its input per call (torch.ao dynamic quantization, fbgemm/x86 kernels). The
+    embeddings stay float32. The model can no longer be trained or saved as a checkpoint."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    weight = model.tgt_embed.tokens.weight
+    model.int8_projection = nn.Linear(weight.size(1), weight.size(0), bias=False)
+    model.int8_projection.weight = weight
+    quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse rather than return it to the system:
+    every block comes from the heap (no fresh mapping per large tensor), and the heap is not
+    trimmed. A fresh mapping costs a page fault per 4 KB at first touch, which for the large
+    tensors of every training step and search step costs more than filling them (measured by
+    tests/benchmarks/train_speed.py and decode_speed.py). The process keeps its peak memory until
+    it exits. False (nothing changed) without glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
+    settings = ((m_mmap_max, 0), (m_trim_threshold, 1 << 30), (m_top_pad, 256 << 20))
+    return all(mallopt(option, value) == 1 for option, value in settings)

@@ -1,0 +1,101 @@
+"""kernels.py: each fast path equals the plain torch operation it replaces (the model-level
+comparisons, written-out against fused attention and packed against plain projection, are in
+test_model.py and test_search.py)."""
+
+import ctypes
+import math
+import platform
+
+import pytest
+import torch
+
+from nmt_cli import kernels
+from nmt_cli.kernels import Dropout
+from nmt_cli.train import label_smoothed_loss
+from nmt_cli.vocab import PAD_ID
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_cpu_dropout_keeps_1_minus_p_in_each_part_of_a_draw_and_rescales(p):
+    torch.manual_seed(0)
+    n = 1_000_003  # not a multiple of 4: the last 64-bit draw is partly used
+    x = torch.ones(n, requires_grad=True)
+    drop = Dropout(p).train()
+    y = drop(x)
+    kept = y != 0
+    sigma = math.sqrt(p * (1 - p) / (n / 4))
+    for part in range(4):  # the four 16-bit parts of the random integers, the sign bit's included
+        assert abs(kept[part::4].float().mean().item() - (1 - p)) < 5 * sigma
+    assert abs(drop.scale - 1 / (1 - p)) < 1e-4  # p taken to a multiple of 2^-16
+    assert torch.allclose(y[kept], torch.full_like(y[kept], drop.scale))
+    y.backward(torch.full_like(y, 2.0))
+    assert torch.equal(x.grad, torch.where(kept, 2.0 * drop.scale, 0.0))
+    # neighbouring elements are independent (not one part reused)
+    for shift in (1, 2, 3):
+        both = (kept[:-shift] & kept[shift:]).float().mean().item()
+        assert abs(both - (1 - p) ** 2) < 5 * sigma
+
+
+def test_cpu_dropout_near_1_drops_everything():
+    drop = Dropout(1 - 2**-18).train()  # rounds to all 2^16 values dropped: no division by zero
+    assert drop.scale == 0.0
+    assert torch.equal(drop(torch.ones(1000)), torch.zeros(1000))
+
+
+def test_dropout_is_identity_in_eval_and_seeded_in_training():
+    x = torch.randn(64, 32)
+    drop = Dropout(0.1)
+    assert drop.eval()(x) is x
+    drop.train()
+    torch.manual_seed(3)
+    a = drop(x)
+    torch.manual_seed(3)
+    assert torch.equal(a, drop(x)) and not torch.equal(a, drop(x))
+
+
+@pytest.mark.parametrize("width", [600, 601, 7960])
+def test_top_k_through_chunk_maxima_equals_torch_topk(width):
+    torch.manual_seed(width)
+    x = torch.randn(37, width)
+    x[:, [0, 1, 3]] = -math.inf  # banned tokens
+    x[5, :] = -math.inf
+    x[5, 2] = 0.0  # a row where only EOS is allowed: one finite entry
+    x[7, width - 1] = 50.0  # the largest entry in the tail
+    values, indices = kernels.top_k(x, 8)
+    expected = x.topk(8, dim=1)
+    assert torch.equal(values, expected.values)
+    finite = values.isfinite()
+    assert torch.equal(indices[finite], expected.indices[finite])  # -inf ties may take any columns
+    assert torch.equal(x.gather(1, indices), values)
+    assert all(len(set(row)) == 8 for row in indices.tolist())  # no column twice
+
+
+def test_label_smoothed_loss_in_blocks_equals_one_block(monkeypatch):
+    """The loss and gradient do not depend on how the rows are split into blocks (4 rows a block here)."""
+    from nmt_cli.kernels import SmoothedCrossEntropy
+
+    torch.manual_seed(1)
+    logits = torch.randn(30, 50) * 4
+    target = torch.randint(1, 50, (30,))
+    target[5::6] = PAD_ID
+    results = []
+    for block in (1 << 20, 4 * 50):
+        monkeypatch.setitem(SmoothedCrossEntropy.BLOCK_ELEMENTS, "cpu", block)
+        x = logits.clone().requires_grad_()
+        loss, nll = label_smoothed_loss(x, target, 0.1)
+        loss.backward()
+        results.append((loss, nll, x.grad))
+    assert len(SmoothedCrossEntropy.blocks(logits)) == 8
+    for one, blocks in zip(*results):
+        torch.testing.assert_close(blocks, one, rtol=1e-6, atol=1e-7)
+
+
+def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypatch):
+    if platform.libc_ver()[0] == "glibc":  # Linux, as in CI
+        assert kernels.keep_freed_memory()
+        sbrk = ctypes.CDLL(None).sbrk
+        sbrk.restype = ctypes.c_void_p
+        block = torch.empty(1 << 24)  # 64 MB: above the largest mmap threshold glibc accepts (32 MB)
+        assert block.data_ptr() < sbrk(0)  # below the program break: the heap, not a fresh mapping
+    monkeypatch.setattr(kernels.ctypes, "CDLL", lambda name: object())  # a C library without mallopt
+    assert not kernels.keep_freed_memory()
