@@ -64,3 +64,16 @@ def test_matmul_speed():
     results = run("matmul_speed.py", "--scale", 0.25, "--seconds", 0.05, "--rounds", 1)
     assert len(results) == 4 and all(r["gflops_1_thread"] > 0 and r["gflops_2_threads"] > 0 for r in results)
     assert all(r["gflops_slowest_of_2_processes_at_once"] > 0 for r in results)
+
+
+def test_learning_margin():
+    (result,) = run("learning_margin.py", "--paths", "avx2")
+    assert result["path"] == "avx2" and all(0 <= result[k][0] <= 1 for k in ("best_fp32", "best_int8", "last_fp32"))
+
+
+def test_resume_paths():
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "resume_paths.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].endswith("bit-identical")  # the same path: resume is exact
