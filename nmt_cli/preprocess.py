@@ -2,7 +2,7 @@
 
 Stages, each streamed (memory does not grow with the corpus, only with its word vocabulary):
 1. read the training pairs; tokenize them, drop unusable pairs and count words (workers);
-2. learn joint BPE codes from the word counts (`text.learn_bpe`: subword-nmt's codes; one process);
+2. learn joint BPE codes from the word counts (`bpe.learn_bpe`: subword-nmt's codes; one process);
 3. segment each distinct training word once and count subwords (workers), build the vocabulary;
 4. apply BPE (once per distinct word) and binarize every split (workers). Only the training split
    is filtered.
@@ -34,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nmt_cli import NmtError, __version__
+from nmt_cli.bpe import learn_bpe
 from nmt_cli.data import ArrayWriter, token_dtype
 from nmt_cli.files import (
     MARKER,
@@ -49,16 +50,14 @@ from nmt_cli.text import (
     check_codes,
     chunks,
     decode_lines,
-    learn_bpe,
     subword_counts,
 )
 from nmt_cli.vocab import SPECIALS, UNK_ID, Vocabulary
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 250  # small enough that a 1,000-line test set still keeps every worker busy
-# The training split's chunks are larger: each chunk costs the parent 1-3 ms of CPU in its pool's
-# threads (sending, receiving), and the one parent feeds every worker. On Multi30k with 2 workers,
-# chunks of 1,000 lines instead of 250 halve the parent's CPU time in stages 1 and 4.
+# The training split's chunks are larger: each chunk costs the parent CPU time in its pool's
+# threads (sending, receiving), and the one parent feeds every worker (preprocess_speed.py).
 TRAIN_CHUNK_LINES = 1000
 CHUNK_WORDS = 2000
 # A training line with more characters than this times --max-len cannot fit in --max-len tokens in

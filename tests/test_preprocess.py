@@ -13,9 +13,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import head, write_lines
 
+from nmt_cli.bpe import learn_bpe
 from nmt_cli.cli import main
 from nmt_cli.data import IndexedArray
-from nmt_cli.text import TextConfig, TextProcessor, learn_bpe, subword_counts
+from nmt_cli.text import TextConfig, TextProcessor, subword_counts
 from nmt_cli.vocab import UNK_ID, Vocabulary
 
 TRAIN_EN = ["the red cat", "a dog", "", " ".join(["word"] * 25), "cats sit on mats",

@@ -1,16 +1,11 @@
 """Tokenization and BPE, and the way back, on real Multi30k lines."""
 
-import contextlib
-import io
-import random
 from collections import Counter
 
-import pytest
 from conftest import head
-from subword_nmt.learn_bpe import learn_bpe as subword_nmt_learn_bpe
 
-from nmt_cli import NmtError
-from nmt_cli.text import TextConfig, TextProcessor, learn_bpe, merge_pair, subword_counts
+from nmt_cli.bpe import learn_bpe
+from nmt_cli.text import TextConfig, TextProcessor, subword_counts
 from nmt_cli.vocab import Vocabulary
 
 
@@ -33,37 +28,6 @@ def test_round_trip_on_multi30k(multi30k):
         assert exact >= 0.99 * len(lines)
         # BPE really split words: 500 merges cannot cover this vocabulary.
         assert sum(len(processor.encode(line)) for line in lines) > sum(len(plain.tokenize(line)) for line in lines)
-
-
-def subword_nmt_codes(word_counts: Counter, merges: int) -> str:
-    codes = io.StringIO()
-    with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
-        subword_nmt_learn_bpe([f"{w} {c}" for w, c in word_counts.items()], codes, merges, is_dict=True)
-    return codes.getvalue()
-
-
-def test_learned_codes_are_subword_nmts(multi30k):
-    """The same merges in the same order as subword-nmt's learn-bpe: on real text, and on words of
-    two letters whose pairs tie all the time, run until no pair occurs twice."""
-    words = Counter(w for lang in ("en", "de") for line in head(multi30k / f"train.{lang}", 3000) for w in line.split())
-    assert learn_bpe(words, 1500) == subword_nmt_codes(words, 1500)
-    for seed in range(3):
-        rng = random.Random(seed)
-        ties = Counter({"".join(rng.choice("aab") for _ in range(rng.randint(1, 9))): rng.randint(1, 4)
-                        for _ in range(500)})
-        codes = learn_bpe(ties, 10_000)
-        assert codes == subword_nmt_codes(ties, 10_000)
-        assert len(codes.splitlines()) - 1 < 10_000  # stopped because no pair occurs twice
-
-
-def test_bpe_merges_by_hand():
-    # "a a a</w>": the pairs (a, a) and (a, a</w>) both occur twice; the larger pair wins the tie
-    assert learn_bpe(Counter({"aaa": 2}), 10) == "#version: 0.2\na a</w>\na aa</w>\n"
-    assert learn_bpe(Counter({"ab": 1, "cd": 1}), 10) == "#version: 0.2\n"  # no pair occurs twice
-    with pytest.raises(NmtError, match="every training word is one character"):
-        learn_bpe(Counter({"a": 3, "b": 1}), 10)
-    assert merge_pair(["a", "a", "a", "a</w>"], ("a", "a")) == ["aa", "a", "a</w>"]  # left to right
-    assert merge_pair(["b", "a", "b", "a"], ("b", "a")) == ["ba", "ba"]
 
 
 def test_subword_counts_equal_counting_the_segmented_corpus(multi30k):
