@@ -131,7 +131,7 @@ def pad(sequences: Sequence[np.ndarray], multiple: int = 1, first: int | None = 
     if first is not None:
         out[:, 0] = first
     body = out[:, start:]
-    body[np.arange(body.shape[1]) < lengths[:, None]] = np.concatenate(sequences) if len(sequences) else []
+    body[np.arange(body.shape[1]) < lengths[:, None]] = np.concatenate(sequences)
     if last is not None:
         out[np.arange(len(sequences)), lengths + start] = last
     return torch.from_numpy(out)
@@ -139,15 +139,17 @@ def pad(sequences: Sequence[np.ndarray], multiple: int = 1, first: int | None = 
 
 class Prefetcher:
     """With `background` (for a GPU), collates the micro-batches of the next update on a thread,
-    into page-locked memory, while the current update runs, so the GPU does not wait for the
-    host. Without it (a CPU, whose cores the update uses), batches are collated when asked for."""
+    into page-locked memory where CUDA is there, while the current update runs, so the GPU does
+    not wait for the host. Without it (a CPU, whose cores the update uses), batches are collated
+    when asked for."""
 
-    def __init__(self, data: ParallelData, pad_to_multiple: int, background: bool,
-                 pin_memory: bool | None = None) -> None:
+    def __init__(self, data: ParallelData, pad_to_multiple: int, background: bool) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
+        import torch
+
         self.data, self.pad_to_multiple, self.background = data, pad_to_multiple, background
-        self.pin = background if pin_memory is None else pin_memory
+        self.pin = background and torch.cuda.is_available()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-collate") if background else None
         self.pending: tuple[list[np.ndarray], Future] | None = None
 

@@ -67,7 +67,7 @@ def test_prefetched_batches_are_the_batches_asked_for(tmp_path, background):
     rng = np.random.default_rng(0)
     sentences = [rng.integers(4, 50, rng.integers(0, 9)).tolist() for _ in range(40)]
     data = ParallelData(write_array(tmp_path / "s", sentences), write_array(tmp_path / "t", sentences[::-1]))
-    prefetcher = Prefetcher(data, 8, background, pin_memory=False)
+    prefetcher = Prefetcher(data, 8, background)
     groups = [[np.arange(i, i + 5), np.arange(i + 5, i + 10)] for i in range(0, 40, 10)]
     for i, group in enumerate(groups):
         if i + 1 < len(groups):

@@ -3,8 +3,6 @@
 Skipped where there is no CUDA device (the CPU paths are covered by test_train.py).
 """
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -81,7 +79,7 @@ def test_the_loss_on_the_gpu_equals_the_reference(dtype, monkeypatch):
 
 
 def test_training_on_the_gpu_prefetches_batches_into_page_locked_memory(tmp_path):
-    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", dataclasses.replace(TINY), device="cuda")
+    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", TINY, device="cuda")
     assert run.prefetcher.background
     order = run.batches[:2]
     run.prefetcher.prefetch([order[1]])
