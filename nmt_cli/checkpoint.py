@@ -19,10 +19,9 @@ from typing import Any
 import torch
 
 from nmt_cli import NmtError, __version__
-from nmt_cli.config import ModelConfig
+from nmt_cli.config import ModelConfig, TextConfig
 from nmt_cli.files import reason, replacing
 from nmt_cli.model import Transformer
-from nmt_cli.text import TextConfig
 from nmt_cli.vocab import PAD_ID, Vocabulary
 
 FORMAT_VERSION = 1

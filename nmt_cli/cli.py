@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from nmt_cli import NmtError, __version__
-from nmt_cli.config import PRESETS, ModelConfig, TrainConfig, paper_row
+from nmt_cli.config import (
+    PRESETS,
+    ModelConfig,
+    PreprocessConfig,
+    SearchConfig,
+    TextConfig,
+    TrainConfig,
+    TranslateConfig,
+    paper_row,
+)
+
+if TYPE_CHECKING:
+    from nmt_cli.datadir import DataDir
 
 
 def _click_type(cls: type, f: dataclasses.Field) -> click.ParamType:
@@ -25,28 +36,64 @@ def _click_type(cls: type, f: dataclasses.Field) -> click.ParamType:
     hint = typing.get_type_hints(cls)[f.name]
     if isinstance(hint, types.UnionType):  # `int | None`
         hint = next(t for t in typing.get_args(hint) if t is not type(None))
+    if typing.get_origin(hint) is tuple:  # a repeatable flag
+        hint = typing.get_args(hint)[0]
+    if hint is Path:
+        return click.Path(path_type=Path, **meta["path"])
+    if hint is str:
+        return click.STRING
     if hint is int:
         return click.IntRange(min=meta.get("min"))
     return click.FloatRange(min=meta.get("min"), max=meta.get("max"), min_open=meta.get("exclusive_min", False),
                             max_open="max" in meta)
 
 
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
 def config_options(cls: type, show_defaults: bool = True) -> Callable[[Callable], Callable]:
-    """One flag per field of a config dataclass (`d_ff` -> `--d-ff`). Without `show_defaults` every
-    flag defaults to None, meaning "keep the preset's value"."""
+    """One flag per field of a config dataclass that has help (`d_ff` -> `--d-ff`), its default,
+    range and help taken from the field. Without `show_defaults` every flag defaults to None,
+    meaning "keep the preset's value"."""
 
     def decorate(command: Callable) -> Callable:
         for f in reversed(dataclasses.fields(cls)):
-            flag = "--" + f.name.replace("_", "-")
-            if f.type in (bool, "bool"):
-                command = click.option(flag, f.name, is_flag=True, default=None, help=f.metadata["help"])(command)
-                continue
-            default = f.default if show_defaults else None
-            command = click.option(flag, f.name, type=_click_type(cls, f), default=default,
-                                   show_default=default is not None, help=f.metadata["help"])(command)
+            if "help" in f.metadata:
+                command = _option(cls, f, show_defaults)(command)
         return command
 
     return decorate
+
+
+def _option(cls: type, f: dataclasses.Field, show_defaults: bool) -> Callable[[Callable], Callable]:
+    meta = f.metadata
+    names = list(meta.get("flags", ["--" + f.name.replace("_", "-")]))
+    default = _default(f) if show_defaults else None
+    if f.type in (bool, "bool"):
+        if "negation" in meta:
+            names[-1] = f"{names[-1]}/{meta['negation']}"
+            return click.option(*names, f.name, default=default, show_default=True, help=meta["help"])
+        return click.option(*names, f.name, is_flag=True, default=None, help=meta["help"])
+    multiple = typing.get_origin(typing.get_type_hints(cls)[f.name]) is tuple
+    return click.option(*names, f.name, type=_click_type(cls, f), default=default, multiple=multiple,
+                        required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+                        show_default=default not in (None, ()), help=meta["help"])
+
+
+def fields_of(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """Take the values of `cls`'s flags out of a command's keyword arguments."""
+    return {f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.name in options}
+
+
+def build(cls: type, **values: Any) -> Any:
+    """`cls(**values)` without the flags left unset; a bad combination is a usage error."""
+    try:
+        return cls(**{k: v for k, v in values.items() if v is not None})
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def model_options(command: Callable) -> Callable:
@@ -59,7 +106,7 @@ def model_options(command: Callable) -> Callable:
 def build_model_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
     """The preset `arch` with the command-line overrides; a bad combination is a usage error."""
     try:
-        return PRESETS[arch].replace(**{f.name: overrides.pop(f.name) for f in dataclasses.fields(ModelConfig)})
+        return PRESETS[arch].replace(**fields_of(ModelConfig, overrides))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
@@ -119,65 +166,30 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
 
 
 @main.command()
-@click.option("-s", "--source-lang", required=True, help="Source suffix: PREFIX.SRC (or PREFIX.SRC.gz).")
-@click.option("-t", "--target-lang", required=True, help="Target suffix.")
-@click.option("--trainpref", help="Training files prefix (learns BPE and vocabulary; filtered).")
-@click.option("--validpref", help="Validation files prefix (never filtered).")
-@click.option("--testpref", "testprefs", multiple=True, help="Test files prefix (repeatable; never filtered).")
-@click.option("--destdir", required=True, type=click.Path(path_type=Path), help="Output data directory.")
+@config_options(TextConfig)
+@config_options(PreprocessConfig)
 @click.option("--from-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Reuse tokenizer settings, BPE codes and vocabularies of this data directory.")
-@click.option("--tokenizer", type=click.Choice(["moses", "none"]), default="moses", show_default=True,
-              help="Moses (sacremoses) or plain whitespace splitting.")
-@click.option("--normalize-punctuation/--no-normalize-punctuation", default=True, show_default=True,
-              help="Moses punctuation normalization before tokenizing.")
-@click.option("--lowercase", is_flag=True, help="Lowercase after tokenizing.")
-@click.option("--aggressive-dash-splits", is_flag=True, help="Split hyphens (Moses -a): fore@-@runner.")
-@click.option("--bpe-merges", type=click.IntRange(min=0), default=32000, show_default=True,
-              help="Joint BPE merge operations to learn (0: no BPE).")
-@click.option("--bpe-codes", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Apply these BPE codes instead of learning them.")
-@click.option("--joined-dictionary/--separate-dictionaries", default=True, show_default=True,
-              help="One vocabulary for both sides (3-way tying) or one per side.")
-@click.option("--srcdict", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Use this source (or joint) vocabulary.")
-@click.option("--tgtdict", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Use this target vocabulary.")
-@click.option("--vocab-min-count", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Leave out subwords seen fewer times in training.")
-@click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="At most this many entries.")
-@click.option("--padding-factor", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Pad built vocabularies with unused entries to a multiple of this (fast matrix shapes).")
-@click.option("--max-len", type=click.IntRange(min=1), default=250, show_default=True,
-              help="Drop training pairs with a side longer than this many BPE tokens.")
-@click.option("--max-len-ratio", type=click.FloatRange(min=1.0), default=1.5, show_default=True,
-              help="Drop training pairs whose word counts differ by more than this ratio (Moses clean-corpus).")
-@click.option("--workers", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)), show_default=True,
-              help="Processes for tokenization, BPE and binarization.")
-@click.option("--force", is_flag=True, help="Replace a non-empty --destdir.")
 @click.option("--quiet", is_flag=True, help="No progress bars or summary.")
-def preprocess(source_lang: str, target_lang: str, from_data: Path | None, tokenizer: str,
-               normalize_punctuation: bool, lowercase: bool, aggressive_dash_splits: bool, quiet: bool,
-               **options: Any) -> None:
+def preprocess(from_data: Path | None, quiet: bool, **options: Any) -> None:
     """Tokenize, learn/apply joint BPE, build vocabularies and binarize parallel text."""
-    from nmt_cli.preprocess import PreprocessOptions, preprocess, reuse_options
-    from nmt_cli.text import TextConfig
+    from nmt_cli.datadir import DataDir
+    from nmt_cli.preprocess import preprocess
 
-    text = TextConfig(source_lang, target_lang, tokenizer, normalize_punctuation, lowercase, aggressive_dash_splits)
+    text = build(TextConfig, **fields_of(TextConfig, options))
     if from_data is not None:
-        text, reused = reuse_options(from_data, source_lang, target_lang)
+        text, reused = DataDir.open(from_data, verify=True).reuse(text.source_lang, text.target_lang)
         options.update(reused)
-    options["testprefs"] = tuple(options["testprefs"])
-    meta = preprocess(PreprocessOptions(text=text, progress=not quiet, **options))
+    data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
     if not quiet:
-        print_preprocess_summary(meta)
+        print_preprocess_summary(data)
 
 
-def print_preprocess_summary(meta: dict[str, Any]) -> None:
+def print_preprocess_summary(data: DataDir) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    src, tgt = meta["text"]["source_lang"], meta["text"]["target_lang"]
+    meta, src, tgt = data.meta, data.text.source_lang, data.text.target_lang
     table = Table(title=f"nmt preprocess {src}-{tgt}: vocabulary {meta['vocab_sizes'][src]:,}"
                         f" / {meta['vocab_sizes'][tgt]:,}")
     for column in ("split", "pairs in", "pairs out", "dropped", "tokens", "unk", "s"):
@@ -190,6 +202,18 @@ def print_preprocess_summary(meta: dict[str, Any]) -> None:
     console = Console(stderr=True)
     console.print(table)
     console.print("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["timings"].items()))
+
+
+def check_rate_flags(config: TrainConfig) -> None:
+    """Refuse a rate flag that the chosen schedule would ignore (fairseq users pass --lr)."""
+    given = click.get_current_context().get_parameter_source
+    if config.lr_schedule == "noam" and given("lr") is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--lr is the peak rate of --lr-schedule inverse-sqrt, and the default noam "
+                               "schedule (eq. 3) ignores it: add --lr-schedule inverse-sqrt, or scale eq. 3 "
+                               "with --lr-scale")
+    if config.lr_schedule == "inverse-sqrt" and given("lr_scale") is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--lr-scale multiplies the noam schedule (eq. 3), and --lr-schedule inverse-sqrt "
+                               "ignores it: set its peak with --lr")
 
 
 @main.command()
@@ -208,27 +232,28 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
     from nmt_cli.train import TrainingRun
 
     model_config = build_model_config(arch, options)
-    try:
-        config = TrainConfig(**{k: v for k, v in options.items() if v is not None})
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    config = build(TrainConfig, **options)
+    check_rate_flags(config)
     TrainingRun(data_dir, save_dir, model_config, config, reset, init_from, progress_bar=not quiet).run()
 
 
 @main.command("average-checkpoints")
-@click.option("--inputs", multiple=True, type=click.Path(path_type=Path), help="Checkpoints to average (repeatable).")
+@click.argument("checkpoints", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--inputs", is_flag=True, help="The checkpoints to average follow: --inputs A.pt B.pt ... (fairseq's "
+              "form; --inputs A.pt --inputs B.pt and plain A.pt B.pt work too).")
 @click.option("--dir", "save_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Average the newest numbered checkpoints of this save directory.")
 @click.option("--last", type=click.IntRange(min=1), default=5, show_default=True,
               help="How many, with --dir (the paper: 5 for base, 20 for big).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output file.")
-def average_checkpoints(inputs: tuple[Path, ...], save_dir: Path | None, last: int, output: Path) -> None:
+def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: Path | None, last: int,
+                        output: Path) -> None:
     """Average the parameters of the last N checkpoints (§6.1)."""
     from nmt_cli.checkpoint import average, last_checkpoints, save
 
-    if bool(inputs) == bool(save_dir):
+    if bool(checkpoints) == bool(save_dir):
         raise click.UsageError("give either --inputs A.pt B.pt ... or --dir SAVE_DIR [--last N]")
-    paths = list(inputs) if inputs else last_checkpoints(save_dir, last)
+    paths = list(checkpoints) if checkpoints else last_checkpoints(save_dir, last)
     save(average(paths), output)
     click.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}", err=True)
 
@@ -241,56 +266,19 @@ def average_checkpoints(inputs: tuple[Path, ...], save_dir: Path | None, last: i
               help="Input file, one sentence per line [default: stdin].")
 @click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Output file, written when complete [default: stdout].")
-@click.option("--beam", type=click.IntRange(min=1), default=4, show_default=True, help="Beam size (1: greedy).")
-@click.option("--lenpen", type=click.FloatRange(min=0.0), default=0.6, show_default=True,
-              help="Length penalty alpha: score / ((5 + |Y|) / 6)^alpha.")
-@click.option("--max-len-a", type=click.FloatRange(min=0.0), default=1.0, show_default=True,
-              help="Max output length = a * input length + b.")
-@click.option("--max-len-b", type=click.IntRange(min=0), default=50, show_default=True, help="See --max-len-a.")
-@click.option("--nbest", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Hypotheses per sentence (in --format jsonl).")
-@click.option("--allow-unk", is_flag=True, help="Let the search emit <unk>.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=8000, show_default=True,
-              help="Source tokens per batch.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Sentences per batch at most.")
-@click.option("--input-format", type=click.Choice(["raw", "bpe"]), default="raw", show_default=True,
-              help="raw: tokenize and apply BPE; bpe: the input is already BPE tokens.")
-@click.option("--output-format", type=click.Choice(["text", "tokens", "bpe"]), default="text", show_default=True,
-              help="text: detokenized; tokens: BPE removed; bpe: as produced.")
-@click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
-              help="jsonl: one JSON object per line with scores and n-best.")
-@click.option("--attention", is_flag=True,
-              help="With --format jsonl: add the encoder-decoder attention (heads averaged) for alignment.")
-@click.option("--attention-layer", type=click.IntRange(min=1), default=None,
-              help="Decoder layer for --attention [default: the last].")
-@click.option("--attention-plot", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write PNG heat maps of every attention per sentence here (needs matplotlib).")
-@click.option("--layers", type=click.IntRange(min=1), multiple=True, help="Layers to plot (repeatable) [all].")
-@click.option("--heads", type=click.IntRange(min=1), multiple=True, help="Heads to plot (repeatable) [all].")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
-@click.option("--quantize", type=click.Choice(["int8"]), default=None,
-              help="CPU: run the linear layers as dynamic int8 matmuls (see the README for speed and BLEU).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for PyTorch.")
-def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, beam: int, lenpen: float,
-              max_len_a: float, max_len_b: int, nbest: int, allow_unk: bool, max_tokens: int, batch_size: int | None,
-              input_format: str, output_format: str, fmt: str, attention: bool, attention_layer: int | None,
-              attention_plot: Path | None, layers: tuple[int, ...], heads: tuple[int, ...], device: str,
-              precision: str, quantize: str | None, threads: int | None) -> None:
+@config_options(SearchConfig)
+@config_options(TranslateConfig)
+def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, **options: Any) -> None:
     """Translate raw text with batched beam search and length penalty."""
-    from nmt_cli.search import SearchConfig
-    from nmt_cli.translate import TranslateOptions, translate_file
+    from nmt_cli.translate import translate_file
 
-    if nbest > beam:
-        raise click.BadParameter(f"--nbest {nbest} is larger than --beam {beam}", param_hint="--nbest")
-    if attention_plot is not None:
+    search = build(SearchConfig, **fields_of(SearchConfig, options))
+    config = build(TranslateConfig, search=search, **options)
+    if config.attention_plot is not None:
         from nmt_cli.plot import pyplot
 
         pyplot()  # fail before translating anything when matplotlib is missing
-    search = SearchConfig(beam, lenpen, max_len_a, max_len_b, nbest, allow_unk)
-    options = TranslateOptions(search, max_tokens, batch_size, input_format, output_format, fmt, attention,
-                               attention_layer or -1, attention_plot, layers, heads, quantize)
-    translate_file(list(models), input_path, output_path, options, device, precision, threads)
+    translate_file(list(models), input_path, output_path, config)
 
 
 @main.group()
@@ -324,8 +312,8 @@ def curves(save_dirs: tuple[Path, ...], output: Path) -> None:
 def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], tokenize: str | None, lowercase: bool,
           paper_lang: str | None, as_json: bool) -> None:
     """Corpus BLEU (and chrF/TER) through sacreBLEU, with its signature."""
+    from nmt_cli.lines import decode_lines
     from nmt_cli.score import check_lengths, corpus_scores, paper_bleu
-    from nmt_cli.text import decode_lines
 
     hyp_name = str(hyp) if hyp else "<stdin>"
     with open(hyp, "rb") if hyp else sys.stdin.buffer as stream:

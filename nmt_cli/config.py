@@ -1,13 +1,16 @@
-"""Model configuration: a frozen dataclass, the paper's presets as data, Table 3 for reference.
+"""Every option of nmt-cli as a frozen dataclass: the model (with the paper's presets and
+Table 3), training, the text pipeline, preprocessing, search and translation.
 
-The same fields drive the command-line flags (`nmt info`, `nmt train`), so a knob has one name
+The fields generate the command-line flags (cli.py), so a knob has one name and one default
 everywhere: the field `d_ff` is the flag `--d-ff` and the key `d_ff` inside every checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import os
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
 from typing import Any
 
 POSITIONS = ("sinusoidal", "learned")
@@ -15,25 +18,45 @@ NORMS = ("post", "pre")
 LR_SCHEDULES = ("noam", "inverse-sqrt")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
+TOKENIZERS = ("moses", "none")
 
 
-def _knob(default: Any, help: str, **limits: Any) -> Any:
-    """A config field with its command-line help and range (`min`, `max`, `choices`)."""
-    return field(default=default, metadata={"help": help, **limits})
+def _knob(default: Any, help: str, **flag: Any) -> Any:
+    """A config field with its command-line help and flag details: range (`min`, `max`,
+    `exclusive_min`, `choices`), `flags` (the names, when not `--field-name`), `negation` (the
+    off-switch of a flag that is on by default), `path` (click.Path's checks). MISSING: required."""
+    return field(default=default, metadata={"help": help, **flag})
+
+
+def _device_knob() -> Any:
+    return _knob("auto", "auto: CUDA when available.", choices=DEVICES)
+
+
+def _precision_knob() -> Any:
+    return _knob("auto", "auto: bf16 on a CUDA GPU that supports it, else fp32.", choices=PRECISIONS)
+
+
+def _threads_knob() -> Any:
+    return _knob(None, "CPU threads for PyTorch [default: PyTorch's].", min=1)
 
 
 def check_knobs(config: Any) -> None:
     """Validate every field of a config dataclass against its `min`, `max` and `choices`."""
     for f in dataclasses.fields(config):
-        value, meta = getattr(config, f.name), f.metadata
-        if value is None or isinstance(value, bool):
-            continue
-        if "choices" in meta and value not in meta["choices"]:
-            raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(meta['choices'])}")
-        if "min" in meta and (value <= meta["min"] if meta.get("exclusive_min") else value < meta["min"]):
-            raise ValueError(f"{f.name}={value}: must be {'>' if meta.get('exclusive_min') else '>='} {meta['min']}")
-        if "max" in meta and value >= meta["max"]:
-            raise ValueError(f"{f.name}={value}: must be < {meta['max']}")
+        values = getattr(config, f.name)
+        for value in values if isinstance(values, tuple) else (values,):
+            _check_knob(f.name, value, f.metadata)
+
+
+def _check_knob(name: str, value: Any, meta: Any) -> None:
+    if value is None or isinstance(value, (bool, Path)) or dataclasses.is_dataclass(value):
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(meta['choices'])}")
+    if "min" in meta and (value <= meta["min"] if meta.get("exclusive_min") else value < meta["min"]):
+        raise ValueError(f"{name}={value}: must be {'>' if meta.get('exclusive_min') else '>='} {meta['min']}")
+    if "max" in meta and value >= meta["max"]:
+        raise ValueError(f"{name}={value}: must be < {meta['max']}")
 
 
 @dataclass(frozen=True)
@@ -163,6 +186,23 @@ def paper_row(config: ModelConfig) -> PaperRow | None:
 
 
 @dataclass(frozen=True)
+class SearchConfig:
+    """Beam search (search.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
+
+    beam: int = _knob(4, "Beam size (1: greedy).", min=1)
+    lenpen: float = _knob(0.6, "Length penalty alpha: score / ((5 + |Y|) / 6)^alpha.", min=0.0)
+    max_len_a: float = _knob(1.0, "Max output length = a * input length + b.", min=0.0)
+    max_len_b: int = _knob(50, "See --max-len-a.", min=0)
+    nbest: int = _knob(1, "Hypotheses per sentence (with --format jsonl).", min=1)
+    allow_unk: bool = _knob(False, "Let the search emit <unk>.")
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+        if self.nbest > self.beam:
+            raise ValueError(f"--nbest {self.nbest} is larger than --beam {self.beam}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The training regime of §5. Defaults are the paper's (Adam 0.9/0.98/1e-9, eq. 3, warmup 4000).
 
@@ -196,16 +236,15 @@ class TrainConfig:
     log_interval: int = _knob(50, "Log every N updates.", min=1)
     tensorboard: bool = _knob(False, "Also write TensorBoard events to SAVE_DIR/tensorboard (needs tensorboard).")
     eval_bleu: bool = _knob(False, "At each validation, also translate the valid split and report sacreBLEU.")
-    eval_bleu_beam: int = _knob(4, "Beam size for --eval-bleu.", min=1)
-    eval_bleu_lenpen: float = _knob(0.6, "Length penalty for --eval-bleu.", min=0.0)
+    eval_bleu_beam: int = _knob(SearchConfig.beam, "Beam size for --eval-bleu.", min=1)
+    eval_bleu_lenpen: float = _knob(SearchConfig.lenpen, "Length penalty for --eval-bleu.", min=0.0)
     best_checkpoint_metric: str = _knob("ppl", "Select checkpoint_best.pt (and --patience) by validation "
                                         "perplexity or by BLEU (needs --eval-bleu).", choices=("ppl", "bleu"))
     seed: int = _knob(1, "Seed of initialization, dropout and batch order.", min=0)
-    precision: str = _knob("auto", "auto: bf16 autocast on a CUDA GPU that supports it, else fp32.",
-                           choices=PRECISIONS)
-    device: str = _knob("auto", "auto: CUDA when available.", choices=DEVICES)
+    precision: str = _precision_knob()
+    device: str = _device_knob()
     compile: bool = _knob(False, "torch.compile the model.")
-    threads: int | None = _knob(None, "CPU threads for PyTorch [default: PyTorch's].", min=1)
+    threads: int | None = _threads_knob()
 
     def __post_init__(self) -> None:
         check_knobs(self)
@@ -214,3 +253,97 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """How raw text becomes tokens (text.py); saved in the data directory and every checkpoint.
+    `tokenizer="none"` splits on whitespace only (any seq2seq task)."""
+
+    source_lang: str = _knob(MISSING, "Source suffix: PREFIX.SRC (or PREFIX.SRC.gz).", flags=("-s", "--source-lang"))
+    target_lang: str = _knob(MISSING, "Target suffix.", flags=("-t", "--target-lang"))
+    tokenizer: str = _knob("moses", "Moses (sacremoses) or plain whitespace splitting.", choices=TOKENIZERS)
+    normalize_punctuation: bool = _knob(True, "Moses punctuation normalization before tokenizing.",
+                                        negation="--no-normalize-punctuation")
+    lowercase: bool = _knob(False, "Lowercase after tokenizing.")
+    aggressive_dash_splits: bool = _knob(False, "Split hyphens (Moses -a): fore@-@runner.")
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TextConfig:
+        return cls(**d)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+_EXISTING_FILE = {"exists": True, "dir_okay": False}
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """`nmt preprocess` (preprocess.py): what to read, the BPE and vocabulary, the filter."""
+
+    text: TextConfig
+    destdir: Path = _knob(MISSING, "Output data directory.", path={})
+    trainpref: str | None = _knob(None, "Training files prefix (learns BPE and vocabulary; filtered).")
+    validpref: str | None = _knob(None, "Validation files prefix (never filtered).")
+    testprefs: tuple[str, ...] = _knob((), "Test files prefix (repeatable; never filtered).", flags=("--testpref",))
+    bpe_merges: int = _knob(32000, "Joint BPE merge operations to learn (0: no BPE).", min=0)
+    bpe_codes: Path | None = _knob(None, "Apply these BPE codes instead of learning them.", path=_EXISTING_FILE)
+    joined_dictionary: bool = _knob(True, "One vocabulary for both sides (3-way tying) or one per side.",
+                                    negation="--separate-dictionaries")
+    srcdict: Path | None = _knob(None, "Use this source (or joint) vocabulary.", path=_EXISTING_FILE)
+    tgtdict: Path | None = _knob(None, "Use this target vocabulary.", path=_EXISTING_FILE)
+    vocab_min_count: int = _knob(1, "Leave out subwords seen fewer times in training.", min=1)
+    vocab_size: int | None = _knob(None, "At most this many entries.", min=5)
+    padding_factor: int = _knob(8, "Pad built vocabularies with unused entries to a multiple of this "
+                                "(fast matrix shapes).", min=1)
+    max_len: int = _knob(250, "Drop training pairs with a side longer than this many BPE tokens.", min=1)
+    max_len_ratio: float = _knob(1.5, "Drop training pairs whose word counts differ by more than this ratio "
+                                 "(Moses clean-corpus).", min=1.0)
+    workers: int = field(default_factory=_cores, metadata={
+        "help": "Processes for tokenization, BPE and binarization (all usable cores by default).", "min": 1})
+    force: bool = _knob(False, "Replace an earlier output of `nmt preprocess` in --destdir.")
+    progress: bool = True  # progress bars on a terminal (--quiet turns them off)
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+
+
+@dataclass(frozen=True)
+class TranslateConfig:
+    """`nmt translate` (translate.py): batching, input and output formats, attention, hardware."""
+
+    search: SearchConfig = SearchConfig()
+    max_tokens: int = _knob(8000, "Source tokens per batch.", min=1)
+    batch_size: int | None = _knob(None, "Sentences per batch at most.", min=1)
+    input_format: str = _knob("raw", "raw: tokenize and apply BPE; bpe: the input is already BPE tokens.",
+                              choices=("raw", "bpe"))
+    output_format: str = _knob("text", "text: detokenized; tokens: BPE removed; bpe: as produced.",
+                               choices=("text", "tokens", "bpe"))
+    format: str = _knob("text", "jsonl: one JSON object per line with scores and n-best.", choices=("text", "jsonl"))
+    attention: bool = _knob(False, "With --format jsonl: add the encoder-decoder attention (heads averaged) "
+                            "for alignment.")
+    attention_layer: int | None = _knob(None, "Decoder layer for --attention [default: the last].", min=1)
+    attention_plot: Path | None = _knob(None, "Write PNG heat maps of every attention per sentence here "
+                                        "(needs matplotlib).", path={"file_okay": False})
+    plot_layers: tuple[int, ...] = _knob((), "Layers to plot (repeatable) [all].", min=1, flags=("--layers",))
+    plot_heads: tuple[int, ...] = _knob((), "Heads to plot (repeatable) [all].", min=1, flags=("--heads",))
+    quantize: str | None = _knob(None, "CPU: run the linear layers as dynamic int8 matmuls (tests/benchmarks/"
+                                 "PERFORMANCE.md: speed and BLEU).", choices=("int8",))
+    device: str = _device_knob()
+    precision: str = _precision_knob()
+    threads: int | None = _threads_knob()
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+        if self.search.nbest > 1 and self.format == "text":
+            raise ValueError(f"--nbest {self.search.nbest} needs --format jsonl: text output has one line per "
+                             "input line (the best translation)")

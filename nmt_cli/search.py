@@ -21,21 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt_cli.config import SearchConfig
 from nmt_cli.kernels import search_projection, top_k
 from nmt_cli.model import DecoderState, Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 BLOCK_FLOATS = 1 << 22  # 16 MB of float32 log-probabilities per block of rows
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    beam: int = 4
-    lenpen: float = 0.6
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    nbest: int = 1
-    allow_unk: bool = False
 
 
 @dataclass
@@ -129,14 +120,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
         top_row, top_token = top // k, tokens.view(n, -1).gather(1, top)
         is_eos = top_token == EOS_ID
 
-        # Finished hypotheses: EOS among the top `beam` candidates.
-        eos_rows, eos_cols = torch.nonzero(is_eos[:, :beam] & top_scores[:, :beam].isfinite(), as_tuple=True)
-        if len(eos_rows):
-            rows = (eos_rows * width + top_row[eos_rows, eos_cols]).tolist()
-            log_probs = top_scores[eos_rows, eos_cols].tolist()
-            penalty = length_penalty(step + 1, config.lenpen)
-            for r, row, lp in zip(eos_rows.tolist(), rows, log_probs):
-                finished[active[r]].append(Hypothesis(history[row, 1:].tolist(), lp / penalty, lp))
+        _collect_finished(finished, active, history, is_eos[:, :beam], top_scores[:, :beam], top_row, width,
+                          length_penalty(step + 1, config.lenpen))
 
         # The `beam` best continuations that are not EOS.
         live = top_scores.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
@@ -160,6 +145,17 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
             state.reorder(origin, index)
 
     return [sorted(hyps, key=lambda h: -h.score)[: config.nbest] for hyps in finished]
+
+
+def _collect_finished(finished: list[list[Hypothesis]], active: list[int], history: Tensor, is_eos: Tensor,
+                      scores: Tensor, top_row: Tensor, width: int, penalty: float) -> None:
+    """Finished hypotheses: EOS among the top `beam` candidates of a step (`is_eos`, `scores`)."""
+    eos_rows, eos_cols = torch.nonzero(is_eos & scores.isfinite(), as_tuple=True)
+    if len(eos_rows):
+        rows = (eos_rows * width + top_row[eos_rows, eos_cols]).tolist()
+        log_probs = scores[eos_rows, eos_cols].tolist()
+        for r, row, lp in zip(eos_rows.tolist(), rows, log_probs):
+            finished[active[r]].append(Hypothesis(history[row, 1:].tolist(), lp / penalty, lp))
 
 
 def _done(finished: list[Hypothesis], best_live: float, step: int, limit: int, config: SearchConfig) -> bool:

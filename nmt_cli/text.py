@@ -8,45 +8,20 @@ checkpoint, so that `nmt translate` applies exactly what training saw.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import Any
 
 import sacremoses
 from sacremoses import MosesDetokenizer
 from subword_nmt.apply_bpe import BPE
 
 from nmt_cli import NmtError
+from nmt_cli.config import TextConfig
 
 BPE_SEPARATOR = "@@"
-TOKENIZERS = ("moses", "none")
-
-
-@dataclass(frozen=True)
-class TextConfig:
-    """How raw text becomes tokens. `tokenizer="none"` splits on whitespace only (any seq2seq task)."""
-
-    source_lang: str
-    target_lang: str
-    tokenizer: str = "moses"
-    normalize_punctuation: bool = True
-    lowercase: bool = False
-    aggressive_dash_splits: bool = False
-
-    def __post_init__(self) -> None:
-        if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer={self.tokenizer!r}: expected one of {', '.join(TOKENIZERS)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TextConfig:
-        return cls(**d)
 
 
 class MosesTokenizer(sacremoses.MosesTokenizer):
@@ -159,27 +134,3 @@ def subword_counts(processor: TextProcessor, word_counts: Mapping[str, int]) -> 
         for subword in processor.segment([word]):
             counts[subword] += count
     return counts
-
-
-def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
-    """Lines of a binary stream without their newline; invalid UTF-8 is an error naming the line.
-
-    Only "\n" ends a line (Unicode line separators inside a sentence stay part of it).
-    """
-    for number, raw in enumerate(stream, start=1):
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise NmtError(f"{name}:{number}: invalid UTF-8 (byte {e.start + 1}: {e.reason})") from None
-
-
-def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    """Consecutive lists of `size` items (the last may be shorter)."""
-    chunk: list[Any] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

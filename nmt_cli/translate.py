@@ -12,7 +12,6 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,56 +20,42 @@ import torch
 
 from nmt_cli import NmtError, kernels
 from nmt_cli.checkpoint import ModelBundle, load_bundle
+from nmt_cli.config import TranslateConfig
 from nmt_cli.data import pad
 from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, replacing
+from nmt_cli.lines import chunks, decode_lines
 from nmt_cli.model import Transformer
-from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search
-from nmt_cli.text import TextProcessor, chunks, decode_lines
+from nmt_cli.search import Ensemble, Hypothesis, beam_search
+from nmt_cli.text import TextProcessor
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
 CHUNK_LINES = 4096
 
 
-@dataclass(frozen=True)
-class TranslateOptions:
-    search: SearchConfig = SearchConfig()
-    max_tokens: int = 8000
-    batch_size: int | None = None
-    input_format: str = "raw"  # raw | bpe
-    output_format: str = "text"  # text | bpe | tokens
-    format: str = "text"  # text | jsonl
-    attention: bool = False  # jsonl: add the encoder-decoder attention of `attention_layer`
-    attention_layer: int = -1  # 1-based; -1 = the last
-    attention_plot: Path | None = None  # directory for heat maps of every attention, per sentence
-    plot_layers: tuple[int, ...] = ()  # 1-based; empty = all
-    plot_heads: tuple[int, ...] = ()
-    quantize: str | None = None  # "int8": dynamic int8 linear layers (CPU)
-
-
 class Translator:
     """A model (or ensemble) with its text pipeline, translating lists of lines."""
 
-    def __init__(self, bundles: list[ModelBundle], options: TranslateOptions, device: torch.device,
+    def __init__(self, bundles: list[ModelBundle], config: TranslateConfig, device: torch.device,
                  dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None) -> None:
         first = bundles[0]
         for other in bundles[1:]:
             if other.tgt_vocab != first.tgt_vocab or other.src_vocab != first.src_vocab:
                 raise NmtError("ensemble members must share their vocabularies")
-        self.options, self.device, self.dtype = options, device, dtype
+        self.config, self.device, self.dtype = config, device, dtype
         self.bundle = first
         models = [b.model.to(device=device, dtype=dtype) for b in bundles]
-        if options.quantize == "int8":
+        if config.quantize == "int8":
             for model in models:
                 quantize_int8(model, device, dtype)
         self.models = Ensemble(models)
-        codes = first.bpe_codes if options.input_format == "raw" else None
+        codes = first.bpe_codes if config.input_format == "raw" else None
         self.source = TextProcessor(first.text, first.text.source_lang, codes)
         self.target = TextProcessor(first.text, first.text.target_lang)
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
 
     def encode(self, line: str, number: int) -> list[int]:
-        tokens = self.source.encode(line) if self.options.input_format == "raw" else line.split()
+        tokens = self.source.encode(line) if self.config.input_format == "raw" else line.split()
         ids = self.bundle.src_vocab.encode(tokens)
         limit = self.models.max_positions - 1  # room for EOS
         if len(ids) > limit:
@@ -81,9 +66,9 @@ class Translator:
 
     def detokenize(self, ids: list[int]) -> str:
         tokens = self.bundle.tgt_vocab.decode(ids)
-        if self.options.output_format == "text":
+        if self.config.output_format == "text":
             return self.target.decode(tokens)
-        if self.options.output_format == "tokens":
+        if self.config.output_format == "tokens":
             return " ".join(tokens).replace("@@ ", "").removesuffix("@@")
         return " ".join(tokens)
 
@@ -93,7 +78,7 @@ class Translator:
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         for batch in self.batches(order, sources):
             src = pad([np.array(sources[i] + [EOS_ID]) for i in batch]).to(self.device)
-            for i, hyps in zip(batch, beam_search(self.models, src, self.options.search)):
+            for i, hyps in zip(batch, beam_search(self.models, src, self.config.search)):
                 results[i] = hyps
         return results
 
@@ -102,8 +87,8 @@ class Translator:
         batch: list[int] = []
         for i in order:
             width = len(sources[i]) + 1
-            too_many = self.options.batch_size is not None and len(batch) >= self.options.batch_size
-            if batch and (too_many or (len(batch) + 1) * width > self.options.max_tokens):
+            too_many = self.config.batch_size is not None and len(batch) >= self.config.batch_size
+            if batch and (too_many or (len(batch) + 1) * width > self.config.max_tokens):
                 yield batch
                 batch = []
             batch.append(i)
@@ -117,12 +102,12 @@ class Translator:
         for k, hyps in enumerate(self.translate_ids(sources)):
             number = first_number + k
             weights = self.attention(sources[k], hyps[0].tokens) if hyps and self.wants_attention else None
-            if weights is not None and self.options.attention_plot is not None:
+            if weights is not None and self.config.attention_plot is not None:
                 from nmt_cli.plot import attention_maps
 
-                attention_maps(weights, *self.labels(sources[k], hyps[0].tokens), self.options.attention_plot,
-                               f"line{number:06d}", self.options.plot_layers, self.options.plot_heads)
-            if self.options.format == "jsonl":
+                attention_maps(weights, *self.labels(sources[k], hyps[0].tokens), self.config.attention_plot,
+                               f"line{number:06d}", self.config.plot_layers, self.config.plot_heads)
+            if self.config.format == "jsonl":
                 outputs.append(json.dumps(self.record(number, sources[k], hyps, weights), ensure_ascii=False))
             else:
                 outputs.append(self.detokenize(hyps[0].tokens) if hyps else "")
@@ -130,7 +115,7 @@ class Translator:
 
     @property
     def wants_attention(self) -> bool:
-        return self.options.attention_plot is not None or (self.options.format == "jsonl" and self.options.attention)
+        return self.config.attention_plot is not None or (self.config.format == "jsonl" and self.config.attention)
 
     def attention(self, source: list[int], output: list[int]) -> dict[str, list[torch.Tensor]]:
         """Every attention distribution of the first model on (source, its translation)."""
@@ -148,9 +133,9 @@ class Translator:
         nbest = [{"text": self.detokenize(h.tokens), "tokens": self.bundle.tgt_vocab.decode(h.tokens),
                   "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)} for h in hyps]
         record = {"line": number, "translation": nbest[0]["text"] if nbest else "", "nbest": nbest}
-        if weights is not None and self.options.attention:
+        if weights is not None and self.config.attention:
             layers = weights["cross"]
-            layer = self.options.attention_layer if self.options.attention_layer > 0 else len(layers)
+            layer = self.config.attention_layer or len(layers)
             if not 1 <= layer <= len(layers):
                 raise NmtError(f"--attention-layer {layer}: the model has {len(layers)} decoder layers")
             src_tokens, tgt_tokens = self.labels(source, hyps[0].tokens)
@@ -191,13 +176,12 @@ def translate_stream(translator: Translator, source: IO[bytes], source_name: str
 
 
 def translate_file(checkpoints: list[Path], input_path: Path | None, output_path: Path | None,
-                   options: TranslateOptions, device: str = "auto", precision: str = "fp32",
-                   threads: int | None = None) -> int:
+                   config: TranslateConfig) -> int:
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when complete."""
     if output_path is not None and not output_path.parent.is_dir():
         raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
-    torch_device, dtype = select_device(device, precision, threads)
-    translator = Translator([load_bundle(path) for path in checkpoints], options, torch_device, dtype)
+    torch_device, dtype = select_device(config.device, config.precision, config.threads)
+    translator = Translator([load_bundle(path) for path in checkpoints], config, torch_device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"
     try:

@@ -46,8 +46,8 @@ def synthetic_pairs(n: int, seed: int, task: str = "reverse", min_len: int = 3, 
 def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, task: str = "reverse",
                        seed: int = 0, **kwargs) -> Path:
     """A data directory made by `nmt preprocess` from a synthetic task (whitespace tokens, no BPE)."""
-    from nmt_cli.preprocess import PreprocessOptions, preprocess
-    from nmt_cli.text import TextConfig
+    from nmt_cli.config import PreprocessConfig, TextConfig
+    from nmt_cli.preprocess import preprocess
 
     raw = tmp_path / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -56,7 +56,7 @@ def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, ta
         write_lines(raw / f"{split}.src", [s for s, _ in pairs])
         write_lines(raw / f"{split}.tgt", [t for _, t in pairs])
     dest = tmp_path / "data"
-    preprocess(PreprocessOptions(TextConfig("src", "tgt", tokenizer="none"), dest, str(raw / "train"),
+    preprocess(PreprocessConfig(TextConfig("src", "tgt", tokenizer="none"), dest, str(raw / "train"),
                                  str(raw / "valid"), bpe_merges=0, workers=1, progress=False, max_len_ratio=10))
     return dest
 
@@ -66,9 +66,8 @@ def tiny_checkpoint(path: Path, seed: int = 0, symbols: str = SYMBOLS, max_posit
     import torch
 
     from nmt_cli import checkpoint as ckpt
-    from nmt_cli.config import PRESETS
+    from nmt_cli.config import PRESETS, TextConfig
     from nmt_cli.model import Transformer
-    from nmt_cli.text import TextConfig
     from nmt_cli.vocab import PAD_ID, Vocabulary
 
     torch.manual_seed(seed)

@@ -133,7 +133,7 @@ def long_valid_line(data):
         writer.add([5] * (2000 if i == 3 else 3))
     writer.close()
     meta = json.loads((data / "meta.json").read_text())  # checksums made right: only the length is wrong
-    from nmt_cli.preprocess import sha256
+    from nmt_cli.datadir import sha256
 
     meta["checksums"].update({name: sha256(data / name) for name in ("valid.src.bin", "valid.src.idx")})
     (data / "meta.json").write_text(json.dumps(meta))

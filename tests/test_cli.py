@@ -1,11 +1,17 @@
-"""The `nmt` command's surface: help, version, info and unbuilt subcommands."""
+"""The `nmt` command's surface: help, version, info, flags generated from the configs, and the
+habits users bring from fairseq."""
 
+import dataclasses
 import json
 
+import pytest
 from click.testing import CliRunner
+from conftest import synthetic_data_dir, tiny_checkpoint
 
 from nmt_cli import __version__
+from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
+from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig, TranslateConfig
 
 
 def run(*args):
@@ -49,3 +55,60 @@ def test_out_of_range_option_names_the_option():
     assert result.exit_code == 2 and "--dropout" in result.output
     result = run("info", "--d-model", "100")
     assert result.exit_code == 2 and "divisible" in result.output
+
+
+@pytest.mark.parametrize("command, classes", [
+    ("translate", (SearchConfig, TranslateConfig)),
+    ("preprocess", (TextConfig, PreprocessConfig)),
+    ("train", (TrainConfig,)),
+])
+def test_flags_are_generated_from_the_config_fields(command, classes):
+    """Every field with help is a flag with the field's default, written once (in config.py)."""
+    params = {p.name: p for p in main.commands[command].params}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if "help" not in f.metadata:
+                assert f.name not in params, f.name
+                continue
+            param = params[f.name]
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if f.type in (bool, "bool") and "negation" not in f.metadata:
+                assert param.is_flag and default is False, f.name
+            elif default is dataclasses.MISSING:
+                assert param.required, f.name
+            else:
+                assert param.default == default, f.name
+
+
+def test_translate_precision_defaults_to_auto_like_train():
+    params = {p.name: p for p in main.commands["translate"].params}
+    assert params["precision"].default == "auto" == TrainConfig().precision
+
+
+def test_nbest_in_text_output_is_refused(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    result = run("translate", "-m", str(model), "--beam", "3", "--nbest", "2", "--device", "cpu")
+    assert result.exit_code == 2 and "--nbest 2 needs --format jsonl" in result.output
+    result = run("translate", "-m", str(model), "--beam", "2", "--nbest", "3", "--format", "jsonl")
+    assert result.exit_code == 2 and "--nbest 3 is larger than --beam 2" in result.output
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "5e-4"], "--lr is the peak rate of --lr-schedule inverse-sqrt"),
+    (["--lr-schedule", "inverse-sqrt", "--lr-scale", "2"], "--lr-scale multiplies the noam schedule"),
+])
+def test_a_rate_flag_the_schedule_ignores_is_refused(tmp_path, flags, message):
+    data = synthetic_data_dir(tmp_path, n_train=20, n_valid=4)
+    result = run("train", str(data), "--save-dir", str(tmp_path / "ck"), "--arch", "small", *flags)
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("form", ["fairseq", "repeated", "plain"])
+def test_average_checkpoints_takes_paths_in_every_form(tmp_path, form):
+    a, b = tiny_checkpoint(tmp_path / "a.pt", seed=1), tiny_checkpoint(tmp_path / "b.pt", seed=2)
+    paths = {"fairseq": ["--inputs", a, b], "repeated": ["--inputs", a, "--inputs", b], "plain": [a, b]}[form]
+    result = run("average-checkpoints", *map(str, paths), "-o", str(tmp_path / "avg.pt"))
+    assert result.exit_code == 0, result.output
+    assert "averaged 2 checkpoints" in result.output
+    assert [entry["path"] for entry in ckpt.load(tmp_path / "avg.pt")["averaged_from"]] == [str(a), str(b)]

@@ -96,13 +96,13 @@ def test_a_failing_process_stops_the_others(tmp_path):
     data = synthetic_data_dir(tmp_path)
     wrapper = tmp_path / "fail_on_rank1.py"
     wrapper.write_text(
-        "from nmt_cli import train\n"
-        "real = train.Trainer.update\n"
+        "from nmt_cli import trainer\n"
+        "real = trainer.Trainer.update\n"
         "def update(self, batches, tokens, step):\n"
         "    if self.runtime.rank == 1 and step == 3:\n"
         "        raise RuntimeError('injected failure on rank 1')\n"
         "    return real(self, batches, tokens, step)\n"
-        "train.Trainer.update = update\n"
+        "trainer.Trainer.update = update\n"
         "from nmt_cli.cli import main\n"
         "main()\n")
     command = train_command(data, tmp_path / "ck", max_updates=100000)[3:]

@@ -10,9 +10,9 @@ from conftest import synthetic_data_dir
 from test_train import LEARNER, LEARNER_RECIPE, TINY, run_training
 
 from nmt_cli import checkpoint as ckpt
-from nmt_cli.search import SearchConfig
-from nmt_cli.train import Runtime, Trainer, label_smoothed_loss
-from nmt_cli.translate import TranslateOptions, Translator
+from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.trainer import Runtime, Trainer, label_smoothed_loss
+from nmt_cli.translate import Translator
 from nmt_cli.vocab import PAD_ID
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -51,13 +51,13 @@ def test_a_checkpoint_trained_on_the_gpu_translates_on_the_cpu(tmp_path):
     run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", TINY, device="cuda", max_updates=5).run()
     bundle = ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")
     assert all(p.device.type == "cpu" for p in bundle.model.parameters())
-    translator = Translator([bundle], TranslateOptions(SearchConfig(beam=2)), torch.device("cpu"))
+    translator = Translator([bundle], TranslateConfig(SearchConfig(beam=2)), torch.device("cpu"))
     assert len(translator.translate_lines(["a b c", "d e"])) == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_loss_on_the_gpu_equals_the_reference(dtype, monkeypatch):
-    from nmt_cli.train import SmoothedCrossEntropy
+    from nmt_cli.kernels import SmoothedCrossEntropy
 
     monkeypatch.setitem(SmoothedCrossEntropy.BLOCK_ELEMENTS, "cuda", 3 * 1000)  # several blocks of 3 rows
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ import torch
 
 from nmt_cli import kernels
 from nmt_cli.kernels import Dropout
-from nmt_cli.train import label_smoothed_loss
+from nmt_cli.trainer import label_smoothed_loss
 from nmt_cli.vocab import PAD_ID
 
 

@@ -10,10 +10,9 @@ from conftest import SYMBOLS, head, synthetic_data_dir, write_lines
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
-from nmt_cli.config import PRESETS, TrainConfig
-from nmt_cli.search import SearchConfig
+from nmt_cli.config import PRESETS, SearchConfig, TrainConfig, TranslateConfig
 from nmt_cli.train import TrainingRun
-from nmt_cli.translate import TranslateOptions, Translator
+from nmt_cli.translate import Translator
 
 REVERSAL_MODEL = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=256, heads=4,
                                           dropout=0.0, max_positions=64)
@@ -35,7 +34,7 @@ def test_learns_to_reverse_sequences(tmp_path):
     expected = [" ".join(reversed(line.split())) for line in inputs]
     for quantize in (None, "int8"):
         translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_best.pt")],
-                                TranslateOptions(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
+                                TranslateConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
         outputs = translator.translate_lines(inputs)
         exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
         bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score

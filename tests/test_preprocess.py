@@ -15,9 +15,10 @@ from conftest import head, write_lines
 
 from nmt_cli.bpe import learn_bpe
 from nmt_cli.cli import main
+from nmt_cli.config import PreprocessConfig, TextConfig
 from nmt_cli.data import IndexedArray
-from nmt_cli.text import TextConfig, TextProcessor, subword_counts
-from nmt_cli.vocab import UNK_ID, Vocabulary
+from nmt_cli.text import TextProcessor, subword_counts
+from nmt_cli.vocab import Vocabulary
 
 TRAIN_EN = ["the red cat", "a dog", "", " ".join(["word"] * 25), "cats sit on mats",
             "hello", "the the the the the the the the"]
@@ -282,7 +283,7 @@ def test_interrupted_run_leaves_no_directory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pp, "build_vocabularies", crash)
     with pytest.raises(KeyboardInterrupt):
-        pp.preprocess(pp.PreprocessOptions(TextConfig("en", "de"), tmp_path / "out", str(tmp_path / "train"),
+        pp.preprocess(PreprocessConfig(TextConfig("en", "de"), tmp_path / "out", str(tmp_path / "train"),
                                            bpe_merges=5, workers=1, progress=False))
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
 
@@ -324,7 +325,7 @@ def test_workers_segment_every_training_word_for_the_vocabulary(multi30k, monkey
                    for lang in ("en", "de"))
     codes = learn_bpe(counts[0] + counts[1], 200)
     segmenter, reference = TextProcessor(config, "en", codes), TextProcessor(config, "en", codes)
-    opts = pp.PreprocessOptions(config, Path("unused"), workers=2, progress=False)
+    opts = PreprocessConfig(config, Path("unused"), workers=2, progress=False)
     monkeypatch.setattr(pp, "CHUNK_WORDS", 100)  # several chunks per worker, whose counts are summed
     subwords = pp.count_subwords(opts, segmenter, counts)
     words = [w for w in counts[0] | counts[1] if len(w) > 1]
@@ -332,39 +333,6 @@ def test_workers_segment_every_training_word_for_the_vocabulary(multi30k, monkey
     assert segmenter.segment(words) == reference.segment(words)
     assert subwords == tuple(subword_counts(reference, side) for side in counts)
     assert subwords[0] != subwords[1]
-
-
-def test_word_ids_equal_segmenting_the_whole_line(multi30k):
-    import nmt_cli.preprocess as pp
-
-    config = TextConfig("en", "de")
-    plain = TextProcessor(config, "de")
-    lines = [plain.tokenize(line) for line in head(multi30k / "train.de", 300)]
-    codes = learn_bpe(Counter(w for words in lines[:150] for w in words), 200)
-    processor = TextProcessor(config, "de", codes)
-    vocab = Vocabulary.build(Counter(t for words in lines[:150] for t in processor.segment(words)))
-    word_ids = pp.WordIds(processor, vocab)
-    for words in lines + [[], ["", "Hund"]]:  # the second half has unseen words, hence unknown subwords
-        assert word_ids.encode(words) == vocab.encode(processor.segment(words))
-    assert UNK_ID in word_ids.encode([w for words in lines[150:] for w in words])
-
-
-def _frozen_objects(_: object) -> int:
-    import gc
-
-    return gc.get_freeze_count()
-
-
-def test_workers_garbage_collector_leaves_inherited_objects_alone():
-    import gc
-
-    import nmt_cli.preprocess as pp
-
-    inherited = [[i] for i in range(10_000)]  # objects the collector tracks, made before the fork
-    with pp.Workers(2, text=TextConfig("en", "de")) as workers:
-        counts = list(workers.map(_frozen_objects, range(4)))
-    assert min(counts) >= len(inherited)  # frozen in the workers: their collections skip them
-    assert gc.get_freeze_count() == 0  # and collected as usual here
 
 
 def test_preprocessing_does_not_load_torch(tmp_path):

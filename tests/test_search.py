@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from nmt_cli import kernels, search
-from nmt_cli.config import PRESETS
+from nmt_cli.config import PRESETS, SearchConfig
 from nmt_cli.model import Transformer
-from nmt_cli.search import Ensemble, SearchConfig, beam_search, length_penalty, max_lengths
+from nmt_cli.search import Ensemble, beam_search, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,

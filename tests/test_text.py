@@ -5,7 +5,8 @@ from collections import Counter
 from conftest import head
 
 from nmt_cli.bpe import learn_bpe
-from nmt_cli.text import TextConfig, TextProcessor, subword_counts
+from nmt_cli.config import TextConfig
+from nmt_cli.text import TextProcessor, subword_counts
 from nmt_cli.vocab import Vocabulary
 
 

@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir
 
-from nmt_cli import NmtError, device, train
+from nmt_cli import NmtError, device, trainer
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
 from nmt_cli.config import PRESETS, TrainConfig
-from nmt_cli.train import TrainingRun, label_smoothed_loss, learning_rate
+from nmt_cli.train import TrainingRun
+from nmt_cli.trainer import label_smoothed_loss, learning_rate
 from nmt_cli.vocab import PAD_ID
 
 TINY = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=2, max_positions=64)
@@ -233,15 +234,12 @@ def test_two_processes_equal_one_with_update_freq_2(tmp_path):
 
 
 def _agree_in_process(rank: int, init_file: str, flags: list[tuple[bool, ...]], out: str) -> None:
-    import types
-
     import torch.distributed as dist
 
-    from nmt_cli.train import Runtime
+    from nmt_cli.trainer import Runtime
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=len(flags))
-    run = types.SimpleNamespace(runtime=Runtime(torch.device("cpu"), torch.float32, rank=rank, world=len(flags)))
-    agreed = TrainingRun.agree(run, *flags[rank])
+    agreed = Runtime(torch.device("cpu"), torch.float32, rank=rank, world=len(flags)).agree(*flags[rank])
     dist.destroy_process_group()
     with open(f"{out}.{rank}", "w") as f:
         json.dump(agreed, f)
@@ -326,7 +324,7 @@ def test_max_time_stops_training_with_a_final_validation_and_checkpoint(tmp_path
 
 
 def test_fp16_loss_scale_changes_are_reported(tmp_path, capsys):
-    from nmt_cli.train import Runtime, Trainer
+    from nmt_cli.trainer import Runtime, Trainer
 
     data = synthetic_data_dir(tmp_path)
     run = run_training(data, tmp_path / "ck", max_updates=3)
@@ -361,7 +359,7 @@ def test_data_directory_errors(tmp_path):
 
 def test_adam_is_fused_where_torch_can_and_unfused_where_it_cannot(monkeypatch):
     from nmt_cli.model import Transformer
-    from nmt_cli.train import Runtime, Trainer
+    from nmt_cli.trainer import Runtime, Trainer
 
     model = Transformer(LEARNER, 20, 20, PAD_ID, True)
     runtime = Runtime(torch.device("cpu"), torch.float32)
@@ -379,7 +377,7 @@ def test_adam_is_fused_where_torch_can_and_unfused_where_it_cannot(monkeypatch):
 
 def test_projecting_every_position_gives_the_loss_and_gradients_of_projecting_real_ones(tmp_path):
     """The GPU's way (no boolean index, padding masked in the loss) against the CPU's."""
-    from nmt_cli.train import Runtime, Trainer
+    from nmt_cli.trainer import Runtime, Trainer
 
     torch.manual_seed(0)
     run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", LEARNER)
@@ -402,5 +400,5 @@ def test_projecting_every_position_gives_the_loss_and_gradients_of_projecting_re
 def test_training_on_the_cpu_keeps_freed_memory_for_reuse(monkeypatch):
     calls = []
     monkeypatch.setattr(device, "keep_freed_memory", lambda: calls.append(True))
-    assert train.set_up_runtime(TrainConfig(device="cpu")).device.type == "cpu"
+    assert trainer.set_up_runtime(TrainConfig(device="cpu")).device.type == "cpu"
     assert calls == [True]

@@ -11,15 +11,15 @@ from conftest import tiny_checkpoint, write_lines
 from nmt_cli import NmtError, kernels
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateOptions, Translator, quantize_int8, translate_stream
+from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.translate import Translator, quantize_int8, translate_stream
 
 LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
 
 
 def translator(path, warnings=None, **options):
     search = options.pop("search", SearchConfig(beam=3, max_len_a=1, max_len_b=3))
-    return Translator([load_bundle(path)], TranslateOptions(search=search, **options), torch.device("cpu"),
+    return Translator([load_bundle(path)], TranslateConfig(search=search, **options), torch.device("cpu"),
                       warn=(warnings.append if warnings is not None else None))
 
 

@@ -12,8 +12,8 @@ import sacrebleu
 import torch
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateOptions, Translator
+from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.translate import Translator
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
@@ -60,7 +60,7 @@ class OurSide:
     def load(cls, args: argparse.Namespace) -> OurSide:
         torch.set_num_threads(args.threads)
         bundle = load_bundle(args.model)
-        options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
+        options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
         translator = Translator([bundle], options, torch.device("cpu"))
         lines = args.input.read_text(encoding="utf-8").splitlines()
         sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]

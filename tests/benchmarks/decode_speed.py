@@ -16,9 +16,9 @@ import torch
 from common import decoding_arguments
 
 from nmt_cli.checkpoint import load_bundle
+from nmt_cli.config import SearchConfig, TranslateConfig
 from nmt_cli.device import select
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateOptions, Translator
+from nmt_cli.translate import Translator
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     device, _ = select(args.device, "fp32", args.threads)  # threads and memory settings as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
-    options = TranslateOptions(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
+    options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize)
     translator = Translator([load_bundle(args.model)], options, device)
     start = time.perf_counter()

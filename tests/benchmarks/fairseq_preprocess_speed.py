@@ -21,7 +21,8 @@ from pathlib import Path
 
 from common import SHARED
 
-from nmt_cli.text import TextConfig, TextProcessor
+from nmt_cli.config import TextConfig
+from nmt_cli.text import TextProcessor
 
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 

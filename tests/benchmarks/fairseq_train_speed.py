@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.data import IndexedArray
-from nmt_cli.preprocess import load_meta
+from nmt_cli.datadir import DataDir
 from nmt_cli.vocab import Vocabulary
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    meta = load_meta(args.data_dir)
+    meta = DataDir.open(args.data_dir).meta
     src, tgt = meta["text"]["source_lang"], meta["text"]["target_lang"]
     dtype = np.dtype(meta["dtype"])
     vocab = Vocabulary.load(args.data_dir / meta["dictionaries"][src])

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from nmt_cli.config import PRESETS, ModelConfig, TrainConfig
 from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, Prefetcher, token_batches
 from nmt_cli.model import Transformer, positional_encoding
-from nmt_cli.train import Runtime, Trainer, set_up_runtime
+from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
 

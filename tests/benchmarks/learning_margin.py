@@ -33,9 +33,9 @@ def one_run(device: str) -> dict:
     from test_pipeline import REVERSAL_MODEL, REVERSAL_TRAINING
 
     from nmt_cli import checkpoint as ckpt
-    from nmt_cli.search import SearchConfig
+    from nmt_cli.config import SearchConfig, TranslateConfig
     from nmt_cli.train import TrainingRun
-    from nmt_cli.translate import TranslateOptions, Translator
+    from nmt_cli.translate import Translator
 
     rng = random.Random(12345)
     inputs = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 10))) for _ in range(200)]
@@ -49,7 +49,7 @@ def one_run(device: str) -> dict:
         for name in ("best", "last"):
             for quantize in (None, "int8"):
                 translator = Translator([ckpt.load_bundle(tmp / f"ck/checkpoint_{name}.pt")],
-                                        TranslateOptions(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
+                                        TranslateConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
                 outputs = translator.translate_lines(inputs)
                 exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
                 bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score

@@ -1,0 +1,96 @@
+"""A training run's checkpoints: saving them (`checkpoint_N.pt`, with checkpoint_last.pt and
+checkpoint_best.pt as links, the newest --keep-last kept) and what a run starts from: the last
+checkpoint of its save directory, checked against the model and data it would continue, or the
+weights of --init-from. A checkpoint holds every RNG state, so stop + resume equals one run."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nmt_cli import NmtError
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.model import Transformer
+from nmt_cli.trainer import Runtime
+from nmt_cli.vocab import Vocabulary
+
+
+def rng_state() -> dict[str, Any]:
+    numpy_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+class Checkpointer:
+    """The checkpoints of one save directory, for a model and its vocabularies."""
+
+    def __init__(self, save_dir: Path, runtime: Runtime, keep_last: int, vocabularies: tuple[Vocabulary, Vocabulary]):
+        self.save_dir, self.runtime, self.keep_last = Path(save_dir), runtime, keep_last
+        self.vocabularies = vocabularies
+        self.last = self.save_dir / "checkpoint_last.pt"
+
+    def resume(self, model: Transformer) -> dict[str, Any] | None:
+        """checkpoint_last.pt with its weights loaded into `model`; None when there is none."""
+        if not self.last.exists():
+            return None
+        state = ckpt.load(self.last)
+        ours = model.config.to_dict()
+        for key, value in state["model_config"].items():
+            if ours.get(key) != value:
+                raise NmtError(f"{self.last}: model config differs ({key}: {value} in the checkpoint, "
+                               f"{ours.get(key)} now); use the same options, --reset to start over, or "
+                               "--init-from to fine-tune")
+        self._check_vocabularies(state, self.last, "use the data the checkpoint was trained on, or --reset")
+        model.load_state_dict(state["model"])
+        return state
+
+    def initialize(self, model: Transformer, path: Path) -> None:
+        """--init-from: the weights of `path` (same vocabularies, same shapes), nothing else."""
+        state = ckpt.load(path)
+        self._check_vocabularies(state, path, "--init-from needs the same vocabulary")
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            detail = str(e).splitlines()[1].strip() if "\n" in str(e) else str(e)
+            raise NmtError(f"{path}: --init-from weights do not fit this architecture ({detail})") from None
+
+    def _check_vocabularies(self, state: dict[str, Any], path: Path, advice: str) -> None:
+        for side, key, vocab in zip(("source", "target"), ("src_vocab", "tgt_vocab"), self.vocabularies):
+            if state[key] != vocab.tokens:
+                raise NmtError(f"{path}: the {side} vocabulary differs from the data directory's; {advice}")
+
+    def save(self, updates: int, best: bool, contents: Callable[[], dict[str, Any]]) -> None:
+        """`checkpoint_{updates}.pt` holding `contents()` and every process's RNG states, then the
+        links. Every process calls it (the RNG states are gathered); the main one writes."""
+        states = [rng_state()]
+        if self.runtime.world > 1:
+            states = [None] * self.runtime.world
+            dist.all_gather_object(states, rng_state())
+        if not self.runtime.main:
+            return
+        path = self.save_dir / f"checkpoint_{updates}.pt"
+        ckpt.save({**contents(), "rng": states}, path)
+        ckpt.link(path, self.last)
+        if best:
+            ckpt.link(path, self.save_dir / "checkpoint_best.pt")
+        ckpt.prune(self.save_dir, self.keep_last)

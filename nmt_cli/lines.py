@@ -1,0 +1,65 @@
+"""Reading text: lines of UTF-8 (checked, each error naming its line), gzipped files, aligned
+pairs of files, and chunks of lines for batching and for worker processes."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from nmt_cli import NmtError
+
+
+def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
+    """Lines of a binary stream without their newline; invalid UTF-8 is an error naming the line.
+
+    Only "\n" ends a line (Unicode line separators inside a sentence stay part of it).
+    """
+    for number, raw in enumerate(stream, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise NmtError(f"{name}:{number}: invalid UTF-8 (byte {e.start + 1}: {e.reason})") from None
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Consecutive lists of `size` items (the last may be shorter)."""
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def input_path(prefix: str, lang: str) -> Path:
+    """`PREFIX.LANG`, or `PREFIX.LANG.gz` when only that exists."""
+    path = Path(f"{prefix}.{lang}")
+    if not path.exists() and Path(f"{path}.gz").exists():
+        return Path(f"{path}.gz")
+    if not path.is_file():
+        raise NmtError(f"{path}: no such file")
+    return path
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """Lines of a (possibly gzipped) file; invalid UTF-8 is an error naming the line."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        yield from decode_lines(f, str(path))
+
+
+def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
+    """Aligned lines of two files; a difference in line counts is an error naming both files."""
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    number = 0
+    for number, s in enumerate(src_lines, start=1):
+        t = next(tgt_lines, None)
+        if t is None:
+            raise NmtError(f"{tgt}:{number}: file ends here, but {src} has more lines (line counts differ)")
+        yield s, t
+    if next(tgt_lines, None) is not None:
+        raise NmtError(f"{src}:{number + 1}: file ends here, but {tgt} has more lines (line counts differ)")

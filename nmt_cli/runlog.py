@@ -1,0 +1,103 @@
+"""What a training run reports: messages on stderr, `train_log.jsonl` (and TensorBoard scalars
+with --tensorboard), and a progress bar on a terminal. Only the main process writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nmt_cli import NmtError
+from nmt_cli.files import reason, write_text
+
+
+class RunLog:
+    """The reports of one `nmt train` process (silent unless `main`)."""
+
+    def __init__(self, save_dir: Path, main: bool, tensorboard: bool, progress_bar: bool) -> None:
+        self.path, self.main, self.progress_bar = Path(save_dir) / "train_log.jsonl", main, progress_bar
+        self.tensorboard = None
+        if tensorboard and main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise NmtError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self.tensorboard = SummaryWriter(str(Path(save_dir) / "tensorboard"))
+        self.bar: Any = None
+        self.window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
+
+    def log(self, message: str) -> None:
+        if self.main:
+            print(f"nmt train: {message}", file=sys.stderr, flush=True)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """One line of train_log.jsonl (and TensorBoard scalars with --tensorboard)."""
+        if not self.main:
+            return
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+        except OSError as e:
+            raise NmtError(f"{self.path}: cannot write the training log ({reason(e)}); the checkpoints written "
+                           "so far are intact: make room and run the same command to resume") from None
+        if self.tensorboard is not None:
+            for key, value in entry.items():
+                if key not in ("kind", "update", "epoch"):
+                    self.tensorboard.add_scalar(f"{entry['kind']}/{key}", value, entry["update"])
+
+    def truncate(self, updates: int) -> None:
+        """Drop records newer than update `updates`, the checkpoint resumed from (they will be redone)."""
+        if not self.main or not self.path.exists():
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if _update_of(line) <= updates]
+        if len(kept) != len(lines):
+            write_text(self.path, "".join(kept))
+
+    def start(self, total: int | None, initial: int) -> None:
+        """Open the progress bar (a terminal only) and the first window of training statistics."""
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, unit="upd", dynamic_ncols=True, file=sys.stderr,
+                        disable=not (self.main and self.progress_bar and sys.stderr.isatty()))
+        self.window.update(loss=0.0, nll=0.0, tokens=0.0, start=time.monotonic())
+
+    def count(self, stats: dict[str, float]) -> None:
+        """Add an update's loss, NLL and tokens to the window."""
+        for key in ("loss", "nll", "tokens"):
+            self.window[key] += stats[key]
+        self.bar.update(1)
+
+    def report(self, update: int, epoch: int, lr: float, elapsed: float, world: int) -> None:
+        """Record and show the window's averages (every --log-interval updates), then start a new one."""
+        window, now = self.window, time.monotonic()
+        tokens = max(window["tokens"], 1.0)
+        entry = {"kind": "train", "update": update, "epoch": epoch,
+                 "loss": window["loss"] / tokens, "nll": window["nll"] / tokens,
+                 "ppl": math.exp(min(window["nll"] / tokens, 50)), "lr": lr,
+                 "tokens_per_s": window["tokens"] * world / (now - window["start"]),
+                 "elapsed_s": round(elapsed, 1)}
+        self.record(entry)
+        summary = f"loss {entry['loss']:.3f} ppl {entry['ppl']:.2f} lr {lr:.2e} {entry['tokens_per_s']:,.0f} tok/s"
+        if self.bar.disable:
+            self.log(f"update {update} epoch {epoch}: {summary}")
+        else:
+            self.bar.set_postfix_str(summary)
+        window.update(loss=0.0, nll=0.0, tokens=0.0, start=now)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def _update_of(log_line: str) -> float:
+    """The update number of a train_log.jsonl line; a torn line (killed mid-write) counts as newest."""
+    try:
+        return json.loads(log_line)["update"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf

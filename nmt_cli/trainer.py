@@ -1,0 +1,180 @@
+"""One update of §5's regime: the optimizer (Adam, eq. 3's rate), the label-smoothed loss, mixed
+precision, gradient accumulation over micro-batches and, under torchrun, over processes.
+
+One update = `update_freq` micro-batches on each of `world` processes. The loss of an update is the
+sum over its target tokens divided by their number, whatever W and K are, so W processes with K
+micro-batches give the same update as one process with W*K.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from nmt_cli.config import TrainConfig
+from nmt_cli.data import Batch, ParallelData
+from nmt_cli.device import select as select_device
+from nmt_cli.kernels import SmoothedCrossEntropy
+from nmt_cli.model import Transformer
+from nmt_cli.vocab import PAD_ID
+
+DIST_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+def learning_rate(step: int, d_model: int, config: TrainConfig) -> float:
+    """Rate for update `step` (1-based).
+
+    noam, eq. 3: lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+    inverse-sqrt: lr * step / warmup during warmup, then lr * sqrt(warmup / step).
+    """
+    if config.lr_schedule == "noam":
+        return config.lr_scale * d_model ** -0.5 * min(step ** -0.5, step * config.warmup ** -1.5)
+    return config.lr * min(step / config.warmup, math.sqrt(config.warmup / step))
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """Sums of the label-smoothed loss and of the true NLL over the targets (§5.4).
+
+    `logits` (..., V) and `target` (...) hold real tokens only, or padding marked by PAD_ID.
+    Smoothing follows Szegedy et al.: the target distribution is (1 - eps) on the reference
+    plus eps / V on every class, so loss = (1 - eps) * NLL + eps * mean_v(-log p_v).
+    """
+    loss, nll = SmoothedCrossEntropy.apply(logits.flatten(0, -2), target.flatten(), epsilon)
+    return loss.sum(), nll.sum()
+
+
+@dataclass
+class Runtime:
+    """Where this process runs: device, compute dtype, and its place among torchrun's processes."""
+
+    device: torch.device
+    dtype: torch.dtype
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def agree(self, *flags: bool) -> list[bool]:
+        """Each flag True on every process when it is True on any (time- and signal-based
+        decisions), in one all-reduce."""
+        if self.world == 1:
+            return list(flags)
+        value = torch.tensor([float(flag) for flag in flags], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return [bool(v) for v in value.tolist()]
+
+
+def set_up_runtime(config: TrainConfig) -> Runtime:
+    """Device, precision and, under torchrun, the process group (NCCL on GPU, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device, dtype = select_device(config.device, config.precision, config.threads, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
+    return Runtime(device, dtype, rank, world, local_rank)
+
+
+class Trainer:
+    """Model, optimizer and one update: forward/backward over this process's micro-batches, then step."""
+
+    def __init__(self, model: Transformer, config: TrainConfig, runtime: Runtime) -> None:
+        self.model, self.config, self.runtime = model, config, runtime
+        self.d_model = model.config.d_model
+        self.net: torch.nn.Module = model
+        if runtime.world > 1:
+            ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
+            self.net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if config.compile:
+            self.net = torch.compile(self.net)
+        adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
+        options = {"lr": 0.0, "betas": (config.adam_beta1, config.adam_beta2), "eps": config.adam_eps,
+                   **({"weight_decay": config.weight_decay} if config.weight_decay else {})}
+        try:  # one fused kernel for all parameters (CUDA; CPU since torch 2.4)
+            self.optimizer = adam(model.parameters(), fused=True, **options)
+        except RuntimeError:
+            self.optimizer = adam(model.parameters(), **options)
+        self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == torch.float16)
+        self.epsilon = model.config.label_smoothing
+        # On the CPU only the real target positions go through the vocabulary projection, the
+        # largest matmul. On a GPU that selection (a boolean index, its size known only to the
+        # device) would make the host wait for the device at every batch and split a compiled
+        # graph, so every position is projected and the loss masks the padding.
+        self.project_real_only = runtime.device.type == "cpu"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype,
+                              enabled=self.runtime.dtype != torch.float32)
+
+    def update(self, batches: list[Batch], update_tokens: int, step: int) -> dict[str, float] | None:
+        """One optimizer step over `batches`; None when it was skipped (non-finite loss or OOM)."""
+        self.net.train()
+        # DDP averages gradients over processes; scaling by `world` makes them sums over all tokens.
+        weight = self.runtime.world / update_tokens
+        totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if last or self.runtime.world == 1 else self.net.no_sync()
+            with sync:
+                loss, nll, tokens = self.loss(self.net, batch)
+                self.scaler.scale(loss * weight).backward()
+            totals += torch.stack([loss.detach(), nll.detach(), tokens]).double()
+        loss_sum, nll_sum, tokens = totals.tolist()  # one host-device sync per update
+        if not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        lr = learning_rate(step, self.d_model, self.config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.config.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        self.scaler.step(self.optimizer)
+        loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        self.scaler.update()  # fp16: halves the scale (and skipped the step) on overflow, grows it when stable
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = {"loss": loss_sum, "nll": nll_sum, "tokens": tokens, "lr": lr}
+        if self.scaler.is_enabled() and self.scaler.get_scale() != loss_scale:
+            stats["loss_scale"] = (loss_scale, self.scaler.get_scale())
+        return stats
+
+    def loss(self, net: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """Label-smoothed loss and NLL sums and the token count of one batch (padding excluded)."""
+        batch = batch.to(self.runtime.device)
+        real = batch.tgt_out != PAD_ID
+        keep = real if self.project_real_only else None
+        with self.autocast():
+            logits = net(batch.src, batch.tgt_in, keep)  # (real target tokens, vocab) or (batch, length, vocab)
+        target = batch.tgt_out if keep is None else batch.tgt_out[keep]
+        loss, nll = label_smoothed_loss(logits, target, self.epsilon)
+        return loss, nll, real.sum().float()
+
+    @torch.inference_mode()
+    def validate(self, data: ParallelData, batches: list[np.ndarray], pad_multiple: int) -> dict[str, float]:
+        """Label-smoothed loss, NLL and perplexity per target token over a whole split."""
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
+        for indices in batches:
+            totals += torch.stack(self.loss(self.model, data.collate(indices, pad_multiple))).double()
+        loss, nll, tokens = totals.tolist()
+        return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(nll / tokens)}
+
+    def state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])

@@ -1,0 +1,55 @@
+"""A run's checkpoints: numbered files with links, the newest kept, RNG states, resume checks."""
+
+import random
+
+import pytest
+import torch
+
+from nmt_cli import NmtError
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.checkpointer import Checkpointer, rng_state, set_rng_state
+from nmt_cli.config import PRESETS, TextConfig
+from nmt_cli.model import Transformer
+from nmt_cli.trainer import Runtime
+from nmt_cli.vocab import PAD_ID, Vocabulary
+
+VOCAB = Vocabulary(list("abcdef"))
+
+
+def tiny(**overrides) -> Transformer:
+    config = PRESETS["small"].replace(**{"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "d_ff": 32,
+                                         "heads": 2, **overrides})
+    return Transformer(config, len(VOCAB), len(VOCAB), PAD_ID, True)
+
+
+def contents(model):
+    return lambda: ckpt.describe(model, TextConfig("a", "b", tokenizer="none"), None, VOCAB, VOCAB)
+
+
+def test_save_links_prunes_and_resumes_the_weights(tmp_path):
+    model = tiny()
+    saver = Checkpointer(tmp_path, Runtime(torch.device("cpu"), torch.float32), 2, (VOCAB, VOCAB))
+    for updates in (1, 2, 3):
+        saver.save(updates, best=updates == 2, contents=contents(model))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint_*.pt")) == [
+        "checkpoint_2.pt", "checkpoint_3.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    assert (tmp_path / "checkpoint_last.pt").samefile(tmp_path / "checkpoint_3.pt")
+    other = tiny()
+    state = saver.resume(other)
+    assert len(state["rng"]) == 1
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+
+
+def test_resume_refuses_another_model_naming_the_field(tmp_path):
+    saver = Checkpointer(tmp_path, Runtime(torch.device("cpu"), torch.float32), 0, (VOCAB, VOCAB))
+    assert saver.resume(tiny()) is None  # nothing to resume from
+    saver.save(1, best=False, contents=contents(tiny()))
+    with pytest.raises(NmtError, match=r"model config differs \(d_ff: 32 in the checkpoint, 64 now\)"):
+        saver.resume(tiny(d_ff=64))
+
+
+def test_rng_states_round_trip():
+    state = rng_state()
+    expected = (torch.rand(3), random.random())
+    set_rng_state(state)
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
