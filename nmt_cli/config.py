@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,11 @@ from typing import Any
 POSITIONS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
 LR_SCHEDULES = ("noam", "inverse-sqrt")
+VALID_METRICS = ("ppl", "bleu", "chrf", "ter")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 TOKENIZERS = ("moses", "none")
+TAG = r"<[^<>\s]+>"  # a tag such as <2de> or <BT>: tagged back-translation, multilingual models
 
 
 def _knob(default: Any, help: str, **flag: Any) -> Any:
@@ -235,11 +238,13 @@ class TrainConfig:
     keep_last: int = _knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
     log_interval: int = _knob(50, "Log every N updates.", min=1)
     tensorboard: bool = _knob(False, "Also write TensorBoard events to SAVE_DIR/tensorboard (needs tensorboard).")
-    eval_bleu: bool = _knob(False, "At each validation, also translate the valid split and report sacreBLEU.")
+    eval_bleu: bool = _knob(False, "At each validation, also translate the valid split and report sacreBLEU, "
+                            "chrF and TER.")
     eval_bleu_beam: int = _knob(SearchConfig.beam, "Beam size for --eval-bleu.", min=1)
     eval_bleu_lenpen: float = _knob(SearchConfig.lenpen, "Length penalty for --eval-bleu.", min=0.0)
     best_checkpoint_metric: str = _knob("ppl", "Select checkpoint_best.pt (and --patience) by validation "
-                                        "perplexity or by BLEU (needs --eval-bleu).", choices=("ppl", "bleu"))
+                                        "perplexity, or by BLEU, chrF or TER (these need --eval-bleu).",
+                                        choices=VALID_METRICS)
     seed: int = _knob(1, "Seed of initialization, dropout and batch order.", min=0)
     precision: str = _precision_knob()
     device: str = _device_knob()
@@ -248,8 +253,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_knobs(self)
-        if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
-            raise ValueError("best_checkpoint_metric=bleu needs eval_bleu (--eval-bleu)")
+        if self.best_checkpoint_metric != "ppl" and not self.eval_bleu:
+            raise ValueError(f"best_checkpoint_metric={self.best_checkpoint_metric} needs eval_bleu (--eval-bleu)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -267,16 +272,32 @@ class TextConfig:
                                         negation="--no-normalize-punctuation")
     lowercase: bool = _knob(False, "Lowercase after tokenizing.")
     aggressive_dash_splits: bool = _knob(False, "Split hyphens (Moses -a): fore@-@runner.")
+    protect_tags: bool = _knob(True, "Keep tags such as <2de> whole through tokenization, lowercasing and BPE.",
+                               negation="--no-protect-tags")
+    protect: tuple[str, ...] = _knob((), "Also keep words matching this regular expression whole (repeatable).")
 
     def __post_init__(self) -> None:
         check_knobs(self)
+        object.__setattr__(self, "protect", tuple(self.protect))  # a list when read back from JSON
+        for pattern in self.protect:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"--protect {pattern!r}: not a regular expression ({e})") from None
+
+    @property
+    def protected(self) -> list[str]:
+        """The patterns of words that pass through tokenization and BPE whole."""
+        return ([TAG] if self.protect_tags else []) + list(self.protect)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TextConfig:
-        return cls(**d)
+        """Settings saved in a data directory or checkpoint; those saved before tags were protected
+        keep tokenizing tags as they did."""
+        return cls(**{"protect_tags": False, **d})
 
 
 def _cores() -> int:

@@ -77,18 +77,24 @@ class TextProcessor:
         self.normalizer = MosesPunctNormalizer(lang=lang) if moses and config.normalize_punctuation else None
         self.tokenizer = MosesTokenizer(lang=lang) if moses else None
         self.detokenizer = MosesDetokenizer(lang=lang) if moses else None
-        self.bpe = BPE(io.StringIO(check_codes(bpe_codes)), separator=BPE_SEPARATOR) if bpe_codes else None
+        self.protected = config.protected or None
+        self.whole = re.compile("|".join(f"(?:{p})" for p in config.protected)) if config.protected else None
+        self.bpe = BPE(io.StringIO(check_codes(bpe_codes)), separator=BPE_SEPARATOR,
+                       glossaries=self.protected) if bpe_codes else None
 
     def tokenize(self, line: str) -> list[str]:
-        """Raw line -> words: punctuation normalization, Moses tokenization, lowercasing."""
+        """Raw line -> words: punctuation normalization, Moses tokenization, lowercasing; the
+        protected words (tags, --protect) pass whole."""
         if self.normalizer is not None:
             line = self.normalizer.normalize(line)
         if self.tokenizer is not None:
-            words = self.tokenizer.tokenize(
-                line, escape=False, aggressive_dash_splits=self.config.aggressive_dash_splits)
+            words = self.tokenizer.tokenize(line, escape=False, protected_patterns=self.protected,
+                                            aggressive_dash_splits=self.config.aggressive_dash_splits)
         else:
             words = line.split()
-        return [w.lower() for w in words] if self.config.lowercase else words
+        if not self.config.lowercase:
+            return words
+        return [w if self.whole is not None and self.whole.fullmatch(w) else w.lower() for w in words]
 
     def segment(self, words: list[str]) -> list[str]:
         """Words -> BPE subwords ("@@" marks a subword that continues)."""

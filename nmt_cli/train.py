@@ -72,6 +72,8 @@ class Progress:
     elapsed_s: float = 0.0
     best_valid_nll: float = math.inf
     best_valid_bleu: float = -1.0
+    best_valid_chrf: float = -1.0
+    best_valid_ter: float = math.inf
     bad_validations: int = 0
     nonfinite_skips: int = 0
     oom_skips: int = 0
@@ -95,9 +97,13 @@ class Progress:
 
     def validated(self, result: dict[str, float], metric: str) -> bool:
         """Take a validation's result; returns whether it is the best so far by `metric`."""
-        best = result["bleu"] > self.best_valid_bleu if metric == "bleu" else result["nll"] < self.best_valid_nll
-        self.best_valid_nll = min(self.best_valid_nll, result["nll"])
-        self.best_valid_bleu = max(self.best_valid_bleu, result.get("bleu", -1.0))
+        key = "nll" if metric == "ppl" else metric
+        lower_is_better = key in ("nll", "ter")
+        so_far = getattr(self, f"best_valid_{key}")
+        best = result[key] < so_far if lower_is_better else result[key] > so_far
+        for name, better in (("nll", min), ("bleu", max), ("chrf", max), ("ter", min)):
+            if name in result:
+                setattr(self, f"best_valid_{name}", better(getattr(self, f"best_valid_{name}"), result[name]))
         self.bad_validations = 0 if best else self.bad_validations + 1
         return best
 
@@ -115,9 +121,10 @@ def check_lengths(data_dir: Path, train: ParallelData, valid: ParallelData | Non
                        "the valid split, or raise --max-positions")
 
 
-def valid_bleu(bundle: ckpt.ModelBundle, valid: ParallelData, config: TrainConfig, device: torch.device) -> float:
-    """sacreBLEU of the valid split translated with beam search (--eval-bleu); references are the
-    detokenized binarized targets (so an <unk> in a reference counts as a word)."""
+def valid_scores(bundle: ckpt.ModelBundle, valid: ParallelData, config: TrainConfig,
+                 device: torch.device) -> dict[str, float]:
+    """sacreBLEU, chrF and TER of the valid split translated with beam search (--eval-bleu);
+    references are the detokenized binarized targets (so an <unk> in a reference counts as a word)."""
     import sacrebleu
 
     from nmt_cli.translate import Translator
@@ -127,8 +134,10 @@ def valid_bleu(bundle: ckpt.ModelBundle, valid: ParallelData, config: TrainConfi
     translator = Translator([bundle], TranslateConfig(search, max_tokens=config.max_tokens), device)
     sources = [valid.source[i].tolist() for i in range(len(valid))]
     hypotheses = [translator.detokenize(h[0].tokens) if h else "" for h in translator.translate_ids(sources)]
-    references = [translator.detokenize(valid.target[i].tolist()) for i in range(len(valid))]
-    return sacrebleu.corpus_bleu(hypotheses, [references]).score
+    references = [[translator.detokenize(valid.target[i].tolist()) for i in range(len(valid))]]
+    return {"bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
+            "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
+            "ter": sacrebleu.corpus_ter(hypotheses, references).score}
 
 
 def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid: ParallelData | None,
@@ -266,12 +275,13 @@ class TrainingRun:
             return False
         result = self.trainer.validate(self.valid, self.valid_batches, self.pad_multiple)
         if self.config.eval_bleu:
-            result["bleu"] = valid_bleu(self.bundle, self.valid, self.config, self.runtime.device)
+            result.update(valid_scores(self.bundle, self.valid, self.config, self.runtime.device))
         p = self.progress
         best = p.validated(result, self.config.best_checkpoint_metric)
         self.log.record({"kind": "valid", "update": p.updates, "epoch": p.epoch,
                          "elapsed_s": round(self.elapsed(), 1), **result})
-        bleu = f", BLEU {result['bleu']:.2f}" if "bleu" in result else ""
+        bleu = f", BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}, TER {result['ter']:.2f}" \
+            if "bleu" in result else ""
         self.log.log(f"validation at update {p.updates}: loss {result['loss']:.3f}, nll {result['nll']:.3f}, "
                      f"ppl {result['ppl']:.2f}{bleu}" + (" (best)" if best else ""))
         return best

@@ -2,6 +2,7 @@
 
 from collections import Counter
 
+import pytest
 from conftest import head
 
 from nmt_cli.bpe import learn_bpe
@@ -115,3 +116,32 @@ def test_punctuation_normalizer_gives_sacremoses_results(multi30k):
     ours, reference = MosesPunctNormalizer(lang="en", **options), sacremoses.MosesPunctNormalizer(lang="en", **options)
     for line in crafted + ["，。！？：；（）１２ 【x】 ％ a\u200bb\x07c"]:
         assert ours.normalize(line) == reference.normalize(line), line
+
+
+TAGGED = "<2de> <BT> A man, in a red (bright) shirt: <sep> rides a bike!"
+
+
+def test_tags_pass_tokenization_lowercasing_and_bpe_whole():
+    words = Counter({w: 5 for w in "a man in red shirt rides bike < 2de > sep bt BT".split()})
+    codes = learn_bpe(words, 40)  # merges that would also join the pieces of a split tag
+    for config in (TextConfig("en", "de", lowercase=True), TextConfig("en", "de", tokenizer="none", lowercase=True)):
+        tokens = TextProcessor(config, "en", codes).encode(TAGGED)
+        assert tokens[:2] == ["<2de>", "<BT>"] and "<sep>" in tokens, tokens
+        assert "man" in " ".join(tokens).replace("@@ ", "")  # the rest is lowercased and segmented as before
+    off = TextProcessor(TextConfig("en", "de", protect_tags=False), "en").tokenize(TAGGED)
+    assert off[:3] == ["<", "2de", ">"]
+
+
+def test_user_patterns_are_protected_and_checked():
+    config = TextConfig("en", "de", protect=(r"https?://\S+",))
+    words = TextProcessor(config, "en").tokenize("see https://example.org/a-b?c=d, <2de> now")
+    assert words == ["see", "https://example.org/a-b?c=d,", "<2de>", "now"]
+    with pytest.raises(ValueError, match=r"--protect '\(': not a regular expression"):
+        TextConfig("en", "de", protect=("(",))
+
+
+def test_settings_saved_before_tags_were_protected_keep_splitting_them():
+    saved = {"source_lang": "en", "target_lang": "de", "tokenizer": "moses", "normalize_punctuation": True,
+             "lowercase": False, "aggressive_dash_splits": False}
+    assert not TextConfig.from_dict(saved).protect_tags
+    assert TextConfig.from_dict(TextConfig("en", "de").to_dict()) == TextConfig("en", "de")

@@ -268,6 +268,20 @@ def test_eval_bleu_selects_best_checkpoint_by_bleu(tmp_path):
         TrainConfig(best_checkpoint_metric="bleu")
 
 
+def test_ter_selects_the_best_checkpoint_lowest_first(tmp_path):
+    data = synthetic_data_dir(tmp_path, n_train=200, n_valid=20, task="copy")
+    run_training(data, tmp_path / "ck", max_updates=30, validate_interval_updates=10, eval_bleu=True,
+                 eval_bleu_beam=1, best_checkpoint_metric="ter").run()
+    valid = [json.loads(line) for line in (tmp_path / "ck/train_log.jsonl").read_text().splitlines()
+             if '"valid"' in line]
+    assert len(valid) >= 3 and all({"bleu", "chrf", "ter"} <= set(r) for r in valid)
+    best = ckpt.load(tmp_path / "ck/checkpoint_best.pt")["progress"]
+    assert best["best_valid_ter"] == min(r["ter"] for r in valid)
+    assert best["best_valid_chrf"] == max(r["chrf"] for r in valid)
+    with pytest.raises(ValueError, match="best_checkpoint_metric=chrf needs eval_bleu"):
+        TrainConfig(best_checkpoint_metric="chrf")
+
+
 def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
     data = synthetic_data_dir(tmp_path)
     run = run_training(data, tmp_path / "ck", max_updates=20)
