@@ -198,10 +198,20 @@ class SearchConfig:
     max_len_b: int = _knob(50, "See --max-len-a.", min=0)
     nbest: int = _knob(1, "Hypotheses per sentence (with --format jsonl).", min=1)
     allow_unk: bool = _knob(False, "Let the search emit <unk>.")
+    sampling: bool = _knob(False, "Sample each token instead of searching (back-translation); --nbest N gives N "
+                           "independent samples.")
+    sampling_topk: int | None = _knob(None, "With --sampling: only among the K most probable tokens.", min=1)
+    sampling_topp: float | None = _knob(None, "With --sampling: only among the most probable tokens whose "
+                                        "probabilities add up to P (nucleus sampling).", min=0.0, max=1.0,
+                                        exclusive_min=True)
+    temperature: float = _knob(1.0, "With --sampling: divide the logits by this (< 1 sharper, > 1 flatter).",
+                               min=0.0, exclusive_min=True)
+    seed: int | None = _knob(None, "With --sampling: the same seed, input and batch options give the same samples "
+                             "[default: a random seed].", min=0)
 
     def __post_init__(self) -> None:
         check_knobs(self)
-        if self.nbest > self.beam:
+        if self.nbest > self.beam and not self.sampling:
             raise ValueError(f"--nbest {self.nbest} is larger than --beam {self.beam}")
 
 
@@ -350,6 +360,8 @@ class TranslateConfig:
     output_format: str = _knob("text", "text: detokenized; tokens: BPE removed; bpe: as produced.",
                                choices=("text", "tokens", "bpe"))
     format: str = _knob("text", "jsonl: one JSON object per line with scores and n-best.", choices=("text", "jsonl"))
+    prefix: bool = _knob(False, "Input lines are SOURCE<TAB>TARGET-PREFIX: each translation starts with its "
+                         "prefix (interactive post-editing; a line without a tab has none).")
     attention: bool = _knob(False, "With --format jsonl: add the encoder-decoder attention (heads averaged) "
                             "for alignment.")
     attention_layer: int | None = _knob(None, "Decoder layer for --attention [default: the last].", min=1)

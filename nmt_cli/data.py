@@ -119,15 +119,15 @@ class Batch:
 
 
 def pad(sequences: Sequence[np.ndarray], multiple: int = 1, first: int | None = None,
-        last: int | None = None) -> torch.Tensor:
+        last: int | None = None, value: int = PAD_ID) -> torch.Tensor:
     """(batch, longest) int64 tensor of the sequences, each with `first` before it and `last` after
-    it when given, right-padded with PAD_ID to a multiple of `multiple`."""
+    it when given, right-padded with `value` to a multiple of `multiple`."""
     import torch  # here, not at the top: `nmt preprocess` writes this module's files without loading torch
     lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
     start = int(first is not None)
     full = lengths + start + int(last is not None)
     longest = -(-int(full.max()) // multiple) * multiple
-    out = np.full((len(sequences), longest), PAD_ID, dtype=np.int64)
+    out = np.full((len(sequences), longest), value, dtype=np.int64)
     if first is not None:
         out[:, 0] = first
     body = out[:, start:]

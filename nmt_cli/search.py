@@ -1,4 +1,4 @@
-"""Beam search over the incremental decoder (§6.1: beam 4, length penalty alpha 0.6, max output
+"""Beam search (and sampling) over the incremental decoder (§6.1: beam 4, length penalty alpha 0.6, max output
 length = input length + 50, early stopping).
 
 Batched: the encoder runs once per batch, and a sentence's beams share its encoder keys/values
@@ -55,15 +55,15 @@ class Ensemble:
         self.max_positions = min(m.config.max_positions for m in self.models)
         weight = self.models[0].tgt_embed.tokens.weight
         self.vocab_size = weight.size(0)
-        self.not_eos = torch.arange(self.vocab_size, device=weight.device) != EOS_ID
 
     def start(self, src: Tensor) -> list[DecoderState]:
         return [model.init_state(*model.encode(src)) for model in self.models]
 
     def top_tokens(self, tokens: Tensor, states: list[DecoderState], k: int, banned: list[int],
-                   eos_only: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Log-probabilities and ids (rows, k) of the k most probable next tokens of each row,
-        never a `banned` one, and only EOS on the rows marked in `eos_only`.
+                   forced: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Log-probabilities and ids (rows, k), best first, of the k most probable next tokens of
+        each row, never a `banned` one; a row whose `forced` entry is a token id (not -1) can
+        take only that token, at its own log-probability (EOS at the maximum length, a prefix).
 
         Rows go through the projection, softmax and top-k in blocks of about BLOCK_FLOATS
         log-probabilities, so the (rows, vocab) matrix never exists whole: memory stays small
@@ -78,21 +78,52 @@ class Ensemble:
             lprobs = [torch.log_softmax(project(out[part]).float(), dim=-1)
                       for project, out in zip(self.projections, outputs)]
             lp = lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
-            lp[:, banned] = -math.inf
-            if eos_only is not None:
-                lp.masked_fill_(eos_only[part, None] & self.not_eos, -math.inf)
+            if forced is None:
+                lp[:, banned] = -math.inf
+            else:
+                _force(lp, forced[part], banned)
             top_values, top_indices = top_k(lp, k)
             values.append(top_values)
             indices.append(top_indices)
         return torch.cat(values), torch.cat(indices)
 
 
+def _force(lp: Tensor, forced: Tensor, banned: list[int]) -> None:
+    """Ban `banned` tokens, and on rows with a forced token (>= 0) every other token, in place."""
+    column = forced.clamp(min=0).unsqueeze(1)
+    own = lp.gather(1, column)  # a forced token keeps its log-probability even if banned (<unk> in a prefix)
+    lp[:, banned] = -math.inf
+    is_forced = (forced >= 0).unsqueeze(1)
+    lp.masked_fill_(is_forced, -math.inf)
+    lp.scatter_(1, column, torch.where(is_forced, own, lp.gather(1, column)))
+
+
+def forced_tokens(step: int, limits: Tensor, soonest_limit: int, prefixes: Tensor | None,
+                  width: int) -> Tensor | None:
+    """The token each decoder row must take at `step` (-1: any): its sentence's prefix token
+    while in the prefix, EOS at its maximum length; None when no row is forced."""
+    forced = prefixes[:, step] if prefixes is not None and step < prefixes.size(1) else None
+    if step >= soonest_limit:
+        free = forced if forced is not None else torch.full_like(limits, -1)
+        forced = torch.where(limits == step, EOS_ID, free)
+    return forced.repeat_interleave(width) if forced is not None else None
+
+
+def prefix_limits(limits: Tensor, prefixes: Tensor | None, max_positions: int) -> Tensor:
+    """Maximum lengths that leave room for each sentence's prefix and at least one more token."""
+    if prefixes is None:
+        return limits
+    return torch.maximum(limits, (prefixes >= 0).sum(1) + 1).clamp(max=max_positions - 1)
+
+
 @torch.inference_mode()
-def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[list[Hypothesis]]:
-    """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first."""
+def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
+                prefixes: Tensor | None = None) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first; each
+    starts with its row of `prefixes` (target ids, -1 after the end) when given."""
     batch, beam, device = src.size(0), config.beam, src.device
-    src_lengths = (src != PAD_ID).sum(1) - 1  # without EOS
-    limits = max_lengths(src_lengths, config, models.max_positions)  # of the active sentences
+    limits = max_lengths((src != PAD_ID).sum(1) - 1, config, models.max_positions)  # of the active sentences
+    limits = prefix_limits(limits, prefixes, models.max_positions)
     limit = limits.tolist()
     states = models.start(src)  # one encoder row per sentence, shared by its decoder rows
     active = list(range(batch))  # sentence ids of the rows still decoding, in row order
@@ -109,12 +140,11 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
     soonest_limit = min(limit)  # of the active sentences
 
     for step in range(max(limit) + 1):
-        # only EOS where a sentence reaches its maximum length
-        eos_only = (limits == step).repeat_interleave(width) if step >= soonest_limit else None
+        forced = forced_tokens(step, limits, soonest_limit, prefixes, width)
         # The 2*beam best of the width*vocab candidates of a sentence are among the k best tokens
         # of each of its rows: add the row scores to those only (not to every vocabulary entry).
         n = len(active)
-        token_lprobs, tokens = models.top_tokens(history[:, -1], states, k, banned, eos_only)
+        token_lprobs, tokens = models.top_tokens(history[:, -1], states, k, banned, forced)
         candidates = (scores.unsqueeze(2) + token_lprobs.view(n, width, k)).view(n, -1)
         top_scores, top = candidates.topk(min(2 * beam, width * k), dim=1)
         top_row, top_token = top // k, tokens.view(n, -1).gather(1, top)
@@ -138,6 +168,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
         if len(keep) < n:
             index = torch.tensor(keep, device=device)
             scores, limits, active = scores[index], limits[index], [active[r] for r in keep]
+            prefixes = prefixes[index] if prefixes is not None else None
             soonest_limit = min(limit[s] for s in active)
             origin = origin.view(n, beam)[index].view(-1)
             history = history.view(n, beam, -1)[index].view(len(keep) * beam, -1)
@@ -145,6 +176,54 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig) -> list[lis
             state.reorder(origin, index)
 
     return [sorted(hyps, key=lambda h: -h.score)[: config.nbest] for hyps in finished]
+
+
+@torch.inference_mode()
+def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch.Generator,
+           prefixes: Tensor | None = None) -> list[list[Hypothesis]]:
+    """`nbest` independent samples for each row of `src`, best first by score (--sampling): each
+    token drawn from the model's distribution at `temperature`, among the `sampling_topk` most
+    probable tokens or the nucleus of probability `sampling_topp` when given (back-translation).
+    A sentence's samples are consecutive decoder rows; rows that finished wait for the others."""
+    batch, n, device = src.size(0), config.nbest, src.device
+    limits = max_lengths((src != PAD_ID).sum(1) - 1, config, models.max_positions)
+    limits = prefix_limits(limits, prefixes, models.max_positions)
+    soonest_limit, states = int(limits.min()), models.start(src)
+    k = min(config.sampling_topk or models.vocab_size, models.vocab_size)
+    banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+    history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
+    log_prob = torch.zeros(batch * n, device=device)
+    length = torch.zeros(batch * n, dtype=torch.long, device=device)
+    done = torch.zeros(batch * n, dtype=torch.bool, device=device)
+    for step in range(int(limits.max()) + 1):
+        width = 1 if step == 0 else n  # the first step draws a sentence's n samples from its one row
+        lp, ids = models.top_tokens(history[:, -1], states, k, banned,
+                                    forced_tokens(step, limits, soonest_limit, prefixes, width))
+        choice = _draw(lp, config, generator, n if step == 0 else 1).view(batch * n, 1)
+        if step == 0:
+            origin = torch.arange(batch, device=device).repeat_interleave(n)
+            lp, ids, history = lp[origin], ids[origin], history[origin]
+            for state in states:
+                state.reorder(origin)
+        token = ids.gather(1, choice).squeeze(1).masked_fill(done, PAD_ID)
+        log_prob += lp.gather(1, choice).squeeze(1).masked_fill(done, 0.0)
+        length += ~done
+        done |= token == EOS_ID
+        history = torch.cat([history, token.unsqueeze(1)], dim=1)
+        if bool(done.all()):
+            break
+    samples = [Hypothesis(history[row, 1:size].tolist(), lp / length_penalty(size, config.lenpen), lp)
+               for row, (size, lp) in enumerate(zip(length.tolist(), log_prob.tolist()))]
+    return [sorted(samples[i * n:(i + 1) * n], key=lambda h: -h.score) for i in range(batch)]
+
+
+def _draw(lp: Tensor, config: SearchConfig, generator: torch.Generator, count: int) -> Tensor:
+    """`count` draws (with replacement) per row from log-probabilities `lp` sorted best first."""
+    logits = lp / config.temperature
+    if config.sampling_topp is not None:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs.cumsum(-1) - probs >= config.sampling_topp, -math.inf)
+    return torch.multinomial(logits.softmax(-1), count, replacement=True, generator=generator)
 
 
 def _collect_finished(finished: list[list[Hypothesis]], active: list[int], history: Tensor, is_eos: Tensor,

@@ -26,7 +26,7 @@ from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, replacing
 from nmt_cli.lines import chunks, decode_lines
 from nmt_cli.model import Transformer
-from nmt_cli.search import Ensemble, Hypothesis, beam_search
+from nmt_cli.search import Ensemble, Hypothesis, beam_search, sample
 from nmt_cli.text import TextProcessor
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
@@ -51,16 +51,24 @@ class Translator:
         self.models = Ensemble(models)
         codes = first.bpe_codes if config.input_format == "raw" else None
         self.source = TextProcessor(first.text, first.text.source_lang, codes)
-        self.target = TextProcessor(first.text, first.text.target_lang)
+        self.target = TextProcessor(first.text, first.text.target_lang, codes)  # codes: for --prefix
+        self.generator = torch.Generator(device)
+        if config.search.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(config.search.seed)
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
 
-    def encode(self, line: str, number: int) -> list[int]:
-        tokens = self.source.encode(line) if self.config.input_format == "raw" else line.split()
-        ids = self.bundle.src_vocab.encode(tokens)
-        limit = self.models.max_positions - 1  # room for EOS
+    def encode(self, line: str, number: int, side: str = "source") -> list[int]:
+        """Source (or, for --prefix, target) token ids of a line, cut to the model's positions."""
+        processor, vocab = (self.source, self.bundle.src_vocab) if side == "source" else \
+            (self.target, self.bundle.tgt_vocab)
+        ids = vocab.encode(processor.encode(line) if self.config.input_format == "raw" else line.split())
+        limit = self.models.max_positions - (1 if side == "source" else 2)  # room for EOS (and a token)
         if len(ids) > limit:
-            self.warn(f"warning: line {number}: {len(ids)} tokens, more than the model's {limit}; "
-                      f"translating the first {limit}")
+            what = "tokens" if side == "source" else "prefix tokens"
+            self.warn(f"warning: line {number}: {len(ids)} {what}, more than the model's {limit}; "
+                      f"{'translating' if side == 'source' else 'keeping'} the first {limit}")
             ids = ids[:limit]
         return ids
 
@@ -72,14 +80,23 @@ class Translator:
             return " ".join(tokens).replace("@@ ", "").removesuffix("@@")
         return " ".join(tokens)
 
-    def translate_ids(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """Beam search over non-empty sources, batched by length; results in input order."""
+    def translate_ids(self, sources: list[list[int]],
+                      prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+        """Beam search (or sampling) over non-empty sources, batched by length, each output
+        starting with its prefix when given; results in input order."""
         results: list[list[Hypothesis]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         for batch in self.batches(order, sources):
             src = pad([np.array(sources[i] + [EOS_ID]) for i in batch]).to(self.device)
-            for i, hyps in zip(batch, beam_search(self.models, src, self.config.search)):
-                results[i] = hyps
+            forced = None
+            if prefixes is not None and any(prefixes[i] for i in batch):
+                forced = pad([np.array(prefixes[i], dtype=np.int64) for i in batch], value=-1).to(self.device)
+            if self.config.search.sampling:
+                hyps = sample(self.models, src, self.config.search, self.generator, forced)
+            else:
+                hyps = beam_search(self.models, src, self.config.search, forced)
+            for i, h in zip(batch, hyps):
+                results[i] = h
         return results
 
     def batches(self, order: list[int], sources: list[list[int]]) -> Iterator[list[int]]:
@@ -97,9 +114,12 @@ class Translator:
 
     def translate_lines(self, lines: list[str], first_number: int = 1) -> list[str]:
         """Output lines (text or JSON) for `lines`, numbered from `first_number` in warnings."""
-        sources = [self.encode(line, first_number + k) if line.strip() else [] for k, line in enumerate(lines)]
+        pairs = [line.partition("\t")[::2] if self.config.prefix else (line, "") for line in lines]
+        sources = [self.encode(src, first_number + k) if src.strip() else [] for k, (src, _) in enumerate(pairs)]
+        prefixes = [self.encode(prefix, first_number + k, "target") if prefix.strip() else []
+                    for k, (_, prefix) in enumerate(pairs)] if self.config.prefix else None
         outputs = []
-        for k, hyps in enumerate(self.translate_ids(sources)):
+        for k, hyps in enumerate(self.translate_ids(sources, prefixes)):
             number = first_number + k
             weights = self.attention(sources[k], hyps[0].tokens) if hyps and self.wants_attention else None
             if weights is not None and self.config.attention_plot is not None:

@@ -221,3 +221,67 @@ def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypa
     monkeypatch.setattr(kernels, "PackedProjection", attempts.append)
     bf16 = random_model(50, 4).to(torch.bfloat16)
     assert Ensemble([bf16]).projections[0] == bf16.project and not attempts  # not even tried off float32
+
+
+def prefix_tensor(prefixes):
+    longest = max(len(p) for p in prefixes)
+    return torch.tensor([p + [-1] * (longest - len(p)) for p in prefixes])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_forced_prefixes_start_every_output_and_score_like_the_model(beam):
+    model = random_model(12, 4, scale=4.0)
+    rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5], [6, 4]]
+    prefixes = [[9, UNK_ID, 9], [], [4]]  # <unk> is never chosen, but a prefix may hold it
+    config = SearchConfig(beam=beam, lenpen=0.0, max_len_a=0, max_len_b=6)
+    hyps = beam_search(Ensemble([model]), sources(rows, 12), config, prefix_tensor(prefixes))
+    for row, prefix, h in zip(rows, prefixes, hyps):
+        assert h[0].tokens[:len(prefix)] == prefix
+        assert h[0].log_prob == pytest.approx(sequence_log_prob(model, sources([row], 12), h[0].tokens), abs=1e-4)
+    free = beam_search(Ensemble([model]), sources(rows[1:2], 12), config)
+    assert hyps[1][0].tokens == free[0][0].tokens  # an empty prefix forces nothing
+
+
+def test_a_prefix_longer_than_the_length_limit_still_ends_in_a_token_after_it():
+    model = random_model(12, 5, scale=4.0)
+    config = SearchConfig(beam=2, max_len_a=0, max_len_b=2)
+    hyps = beam_search(Ensemble([model]), sources([[5, 6]], 12), config, prefix_tensor([[7, 8, 9, 10]]))
+    assert hyps[0][0].tokens[:4] == [7, 8, 9, 10] and len(hyps[0][0].tokens) <= 5
+
+
+def seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_samples_are_reproducible_scored_and_independent():
+    model = random_model(12, 6, scale=1.0)
+    rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5]]
+    config = SearchConfig(sampling=True, nbest=4, beam=1, lenpen=0.0, max_len_a=0, max_len_b=10)
+    first = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(1))
+    again = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(1))
+    other = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(2))
+    assert [[h.tokens for h in s] for s in first] == [[h.tokens for h in s] for s in again]
+    assert [[h.tokens for h in s] for s in first] != [[h.tokens for h in s] for s in other]
+    for row, samples in zip(rows, first):
+        assert len(samples) == 4 and len({tuple(h.tokens) for h in samples}) > 1  # a flat model: samples differ
+        assert [h.score for h in samples] == sorted((h.score for h in samples), reverse=True)
+        for h in samples:
+            assert h.log_prob == pytest.approx(sequence_log_prob(model, sources([row], 12), h.tokens), abs=1e-4)
+
+
+@pytest.mark.parametrize("cut", [{"sampling_topk": 1}, {"sampling_topp": 1e-6}, {"temperature": 1e-4}])
+def test_sampling_cut_to_the_top_token_is_greedy(cut):
+    model = random_model(12, 7, scale=4.0)
+    rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5]]
+    config = SearchConfig(sampling=True, nbest=2, max_len_a=0, max_len_b=8, **cut)
+    samples = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(0))
+    for row, pair in zip(rows, samples):
+        assert [h.tokens for h in pair] == [greedy(model, sources([row], 12), 8)] * 2
+
+
+def test_sampling_keeps_to_prefixes():
+    model = random_model(12, 8, scale=1.0)
+    config = SearchConfig(sampling=True, nbest=3, max_len_a=0, max_len_b=6)
+    samples = search.sample(Ensemble([model]), sources([[5, 6], [7]], 12), config, seeded(3),
+                            prefix_tensor([[9, 10], [4]]))
+    assert all(h.tokens[:2] == [9, 10] for h in samples[0]) and all(h.tokens[:1] == [4] for h in samples[1])

@@ -180,3 +180,26 @@ def test_lines_typed_at_a_terminal_are_translated_one_at_a_time(model_path, term
     assert translate_stream(model, Source(b"a b\nc d\ne\n"), "<stdin>", out.append) == 3
     assert chunks == ([1, 1, 1] if terminal else [3])
     assert out == [line + "\n" for line in translate_lines(["a b", "c d", "e"], 1)]
+
+
+def test_prefixed_lines_start_with_their_prefix(model_path):
+    t = translator(model_path, prefix=True, output_format="bpe",
+                   search=SearchConfig(beam=3, max_len_a=1, max_len_b=4))
+    out = t.translate_lines(["a b c\tn o", "p o n", "e f\t", "g h\tzzz k"])
+    assert out[0].split()[:2] == ["n", "o"]
+    assert out[1] == translator(model_path, output_format="bpe",
+                                search=SearchConfig(beam=3, max_len_a=1, max_len_b=4)).translate_lines(["p o n"])[0]
+    assert out[3].split()[:2] == ["<unk>", "k"]  # an unknown word in a prefix stays where it is
+
+
+def test_sampling_from_the_command_line_is_seeded(model_path):
+    def sampled(seed):
+        result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--sampling", "--beam", "1",
+                                           "--nbest", "3", "--seed", str(seed), "--format", "jsonl",
+                                           "--device", "cpu"], input="a b c\np o n m\n")
+        assert result.exit_code == 0, result.output
+        return [[h["text"] for h in json.loads(line)["nbest"]] for line in result.output.splitlines()]
+
+    first = sampled(1)
+    assert first == sampled(1) and len(first) == 2 and all(len(samples) == 3 for samples in first)
+    assert first != sampled(2)
