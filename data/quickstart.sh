@@ -11,7 +11,8 @@
 #   5. nmt translate: test_2016_flickr with beam 4, length penalty 0.6 (§6.1)
 #   6. nmt score: sacreBLEU with its signature
 # Settings: MINUTES, WORK (default runs/quickstart), THREADS (default: all cores), DEVICE (auto),
-# SAVE_EVERY (minutes between checkpoints), KEEP_LAST (numbered checkpoints kept; 0 = all).
+# SAVE_EVERY (minutes between checkpoints), KEEP_LAST (numbered checkpoints kept; 0 = all),
+# TRAIN_ARGS (more `nmt train` flags, e.g. "--ema-decay 0.999").
 # Running it again resumes an unfinished training and redoes the evaluation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,7 @@ KEEP_LAST=${KEEP_LAST:-5}
 nmt train "$WORK/data" --save-dir "$WORK/ckpt" --arch small \
   --lr-schedule inverse-sqrt --lr 1.5e-3 --warmup 200 --max-tokens 1024 \
   --max-time "$MINUTES" --save-interval-minutes "$SAVE_EVERY" --keep-last "$KEEP_LAST" \
-  --threads "$THREADS" --device "$DEVICE"
+  --threads "$THREADS" --device "$DEVICE" ${TRAIN_ARGS:-}
 
 nmt average-checkpoints --dir "$WORK/ckpt" --last 5 -o "$WORK/average.pt"
 nmt translate -m "$WORK/average.pt" -i "$raw/test_2016_flickr.en" -o "$WORK/test_2016_flickr.hyp.de" \

@@ -79,9 +79,12 @@ class Checkpointer:
             if state[key] != vocab.tokens:
                 raise NmtError(f"{path}: the {side} vocabulary differs from the data directory's; {advice}")
 
-    def save(self, updates: int, best: bool, contents: Callable[[], dict[str, Any]]) -> None:
+    def save(self, updates: int, best: bool, contents: Callable[[], dict[str, Any]],
+             averaged: Callable[[], dict[str, Any]] | None = None) -> None:
         """`checkpoint_{updates}.pt` holding `contents()` and every process's RNG states, then the
-        links. Every process calls it (the RNG states are gathered); the main one writes."""
+        links; with `averaged` (--ema-decay), also checkpoint_ema.pt holding `averaged()`, which is
+        what validation measures, so checkpoint_best.pt is made from it. Every process calls it
+        (the RNG states are gathered); the main one writes."""
         states = [rng_state()]
         if self.runtime.world > 1:
             states = [None] * self.runtime.world
@@ -91,6 +94,9 @@ class Checkpointer:
         path = self.save_dir / f"checkpoint_{updates}.pt"
         ckpt.save({**contents(), "rng": states}, path)
         ckpt.link(path, self.last)
+        if averaged is not None:
+            path = self.save_dir / "checkpoint_ema.pt"
+            ckpt.save(averaged(), path)
         if best:
             ckpt.link(path, self.save_dir / "checkpoint_best.pt")
         ckpt.prune(self.save_dir, self.keep_last)

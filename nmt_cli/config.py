@@ -255,6 +255,8 @@ class TrainConfig:
     best_checkpoint_metric: str = _knob("ppl", "Select checkpoint_best.pt (and --patience) by validation "
                                         "perplexity, or by BLEU, chrF or TER (these need --eval-bleu).",
                                         choices=VALID_METRICS)
+    ema_decay: float = _knob(0.0, "Keep an exponential moving average of the weights with this decay (e.g. "
+                             "0.9999; 0: off): validated, and saved as checkpoint_ema.pt.", min=0.0, max=1.0)
     seed: int = _knob(1, "Seed of initialization, dropout and batch order.", min=0)
     precision: str = _precision_knob()
     device: str = _device_knob()

@@ -140,6 +140,14 @@ def valid_scores(bundle: ckpt.ModelBundle, valid: ParallelData, config: TrainCon
             "ter": sacrebleu.corpus_ter(hypotheses, references).score}
 
 
+def averaged_checkpoint(bundle: ckpt.ModelBundle, trainer: Trainer, updates: int) -> dict[str, Any]:
+    """An inference checkpoint of the averaged weights (--ema-decay) at update `updates`."""
+    with trainer.averaged():
+        checkpoint = ckpt.describe(bundle.model, bundle.text, bundle.bpe_codes, bundle.src_vocab, bundle.tgt_vocab)
+        weights = {name: tensor.clone() for name, tensor in checkpoint["model"].items()}  # not views of the model
+    return {**checkpoint, "model": weights, "progress": {"updates": updates}, "ema_decay": trainer.config.ema_decay}
+
+
 def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid: ParallelData | None,
                  pad_multiple: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Training batches of --max-tokens, and valid batches that each hold at least the longest
@@ -263,19 +271,21 @@ class TrainingRun:
         return self.progress.elapsed_s + time.monotonic() - self.started
 
     def save(self, best: bool = False) -> None:
-        self.last_save, b = time.monotonic(), self.bundle
-        self.checkpoints.save(self.progress.updates, best, lambda: {
+        self.last_save, b, p = time.monotonic(), self.bundle, self.progress
+        averaged = (lambda: averaged_checkpoint(b, self.trainer, p.updates)) if self.config.ema_decay else None
+        self.checkpoints.save(p.updates, best, lambda: {
             **ckpt.describe(b.model, b.text, b.bpe_codes, b.src_vocab, b.tgt_vocab),
             **self.trainer.state(), "train_config": self.config.to_dict(),
-            "progress": {**asdict(self.progress), "elapsed_s": self.elapsed()}, "batching": self.batching()})
+            "progress": {**asdict(p), "elapsed_s": self.elapsed()}, "batching": self.batching()}, averaged)
 
     def validate(self) -> bool:
         """Validate, log, and return whether this is the best result so far (by the chosen metric)."""
         if self.valid is None:
             return False
-        result = self.trainer.validate(self.valid, self.valid_batches, self.pad_multiple)
-        if self.config.eval_bleu:
-            result.update(valid_scores(self.bundle, self.valid, self.config, self.runtime.device))
+        with self.trainer.averaged():
+            result = self.trainer.validate(self.valid, self.valid_batches, self.pad_multiple)
+            if self.config.eval_bleu:
+                result.update(valid_scores(self.bundle, self.valid, self.config, self.runtime.device))
         p = self.progress
         best = p.validated(result, self.config.best_checkpoint_metric)
         self.log.record({"kind": "valid", "update": p.updates, "epoch": p.epoch,

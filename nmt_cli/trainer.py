@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,42 @@ def set_up_runtime(config: TrainConfig) -> Runtime:
     return Runtime(device, dtype, rank, world, local_rank)
 
 
+class WeightAverage:
+    """An exponential moving average of the weights (--ema-decay), kept in fp32 beside them: after
+    update t, average = d * average + (1 - d) * weights with d = min(decay, (1 + t) / (10 + t)),
+    so that the first updates are not held back by the initial weights."""
+
+    def __init__(self, model: Transformer, decay: float) -> None:
+        self.decay = decay
+        self.names, self.params = zip(*model.named_parameters())
+        self.average = [p.detach().float().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        weight = 1.0 - min(self.decay, (1 + step) / (10 + step))
+        for average, param in zip(self.average, self.params):
+            average.lerp_(param.float(), weight)
+
+    @contextlib.contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """The model holds the averaged weights inside the block, its own ones again after it."""
+        own = [p.detach().clone() for p in self.params]
+        with torch.no_grad():
+            for param, average in zip(self.params, self.average):
+                param.copy_(average)
+            try:
+                yield
+            finally:
+                for param, saved in zip(self.params, own):
+                    param.copy_(saved)
+
+    def state(self) -> dict[str, Tensor]:
+        return dict(zip(self.names, self.average))
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        self.average = [state[name].to(average.device) for name, average in zip(self.names, self.average)]
+
+
 class Trainer:
     """Model, optimizer and one update: forward/backward over this process's micro-batches, then step."""
 
@@ -108,6 +145,7 @@ class Trainer:
         except RuntimeError:
             self.optimizer = adam(model.parameters(), **options)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == torch.float16)
+        self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
         self.epsilon = model.config.label_smoothing
         # On the CPU only the real target positions go through the vocabulary projection, the
         # largest matmul. On a GPU that selection (a boolean index, its size known only to the
@@ -143,6 +181,8 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
         self.scaler.step(self.optimizer)
+        if self.average is not None:
+            self.average.update(step)
         loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.scaler.update()  # fp16: halves the scale (and skipped the step) on overflow, grows it when stable
         self.optimizer.zero_grad(set_to_none=True)
@@ -172,9 +212,17 @@ class Trainer:
         loss, nll, tokens = totals.tolist()
         return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(nll / tokens)}
 
+    def averaged(self) -> contextlib.AbstractContextManager:
+        """With --ema-decay, the model holds the averaged weights inside the block."""
+        return self.average.swapped_in() if self.average is not None else contextlib.nullcontext()
+
     def state(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
+        average = {"ema": self.average.state()} if self.average is not None else {}
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), **average}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        """The states of a checkpoint (a run that turns --ema-decay on starts the average here)."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
+        if self.average is not None and "ema" in state:
+            self.average.load_state(state["ema"])

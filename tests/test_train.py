@@ -118,6 +118,23 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert all(torch.equal(opt_a[k]["exp_avg_sq"], opt_b[k]["exp_avg_sq"]) for k in opt_a)
 
 
+def test_ema_resumes_exactly_and_is_what_validation_measures(tmp_path):
+    data = synthetic_data_dir(tmp_path)
+    options = {"ema_decay": 0.9, "validate_interval_updates": 10}
+    run_training(data, tmp_path / "straight", max_updates=30, **options).run()
+    for stop in (13, 30):
+        run_training(data, tmp_path / "resumed", max_updates=stop, **options).run()
+    a, b = params(tmp_path / "straight", "checkpoint_ema.pt"), params(tmp_path / "resumed", "checkpoint_ema.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    weights = params(tmp_path / "straight")
+    assert not all(torch.equal(a[k], weights[k]) for k in a)  # the average is not the weights
+    run = run_training(data, tmp_path / "straight", max_updates=30)
+    last = [json.loads(line) for line in (tmp_path / "straight/train_log.jsonl").read_text().splitlines()
+            if '"valid"' in line][-1]
+    run.model.load_state_dict(a)
+    assert run.trainer.validate(run.valid, run.valid_batches, 1)["nll"] == pytest.approx(last["nll"], rel=1e-6)
+
+
 def test_resume_with_different_seed_differs(tmp_path):
     # The equality above is not vacuous: another seed gives other parameters.
     data = synthetic_data_dir(tmp_path)

@@ -5,8 +5,9 @@ Runs data/quickstart.sh (the recipe lives there) for `--minutes`, keeping every 
 every `--save-every` minutes). For each time T in `--eval-at`, the last 5 checkpoints written
 within T minutes of training are averaged (the rate schedule does not depend on the budget, so
 this is what a T-minute run gives), then val and test_2016_flickr are translated with beam 4 /
-alpha 0.6 and scored with sacreBLEU (13a, detokenized). The last checkpoint alone is scored too.
-One JSON line per T.
+alpha 0.6 and scored with sacreBLEU (13a, detokenized). The last checkpoint alone is scored too,
+and with `--ema-decay D` the same run keeps an exponential moving average of its weights, scored
+at the end of training (`ema`): EMA against last-5 averaging in the same time. One JSON line per T.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ def nmt(*args: object) -> None:
     subprocess.run([sys.executable, "-m", "nmt_cli", *map(str, args)], check=True)
 
 
-def evaluate(work: Path, minutes: float, threads: int) -> dict:
+def evaluate(work: Path, minutes: float, threads: int, ema: bool) -> dict:
     found = [(ckpt.load(path)["progress"]["elapsed_s"], n, path) for n, path in ckpt.numbered(work / "ckpt")]
     within = [(n, path) for elapsed, n, path in found if elapsed <= minutes * 60 + 1]
     result: dict = {"benchmark": "quality_multi30k", "minutes": minutes, "updates": within[-1][0],
                     "averaged": [n for n, _ in within[-5:]]}
     ckpt.save(ckpt.average([path for _, path in within[-5:]]), work / f"avg{minutes:g}.pt")
-    for name, model in (("avg5", work / f"avg{minutes:g}.pt"), ("last", within[-1][1])):
+    models = [("avg5", work / f"avg{minutes:g}.pt"), ("last", within[-1][1])]
+    models += [("ema", work / "ckpt/checkpoint_ema.pt")] if ema else []
+    for name, model in models:
         for split in ("val", "test_2016_flickr"):
             hyp = work / f"{split}.{name}{minutes:g}.de"
             nmt("translate", "-m", model, "-i", work / f"raw/{split}.en", "-o", hyp, "--threads", threads)
@@ -52,12 +55,15 @@ def main() -> None:
     parser.add_argument("--eval-at", type=float, nargs="+", default=[25, 60])
     parser.add_argument("--save-every", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--ema-decay", type=float, default=0.0)
     args = parser.parse_args()
     env = {**os.environ, "WORK": str(args.work.resolve()), "MINUTES": f"{args.minutes:g}",
-           "SAVE_EVERY": f"{args.save_every:g}", "KEEP_LAST": "0", "THREADS": str(args.threads)}
+           "SAVE_EVERY": f"{args.save_every:g}", "KEEP_LAST": "0", "THREADS": str(args.threads),
+           "TRAIN_ARGS": f"--ema-decay {args.ema_decay:g}" if args.ema_decay else ""}
     subprocess.run(["bash", str(ROOT / "data/quickstart.sh")], check=True, env=env)
     for minutes in args.eval_at:
-        print(json.dumps(evaluate(args.work, minutes, args.threads)), flush=True)
+        ema = bool(args.ema_decay) and minutes == args.minutes  # the average is known at the end only
+        print(json.dumps(evaluate(args.work, minutes, args.threads, ema)), flush=True)
 
 
 if __name__ == "__main__":
