@@ -37,10 +37,14 @@ class ModelBundle:
     bpe_codes: str | None
     src_vocab: Vocabulary
     tgt_vocab: Vocabulary
+    sentencepiece: bytes | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return describe(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab, self.sentencepiece)
 
 
 def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vocab: Vocabulary,
-             tgt_vocab: Vocabulary) -> dict[str, Any]:
+             tgt_vocab: Vocabulary, sentencepiece: bytes | None = None) -> dict[str, Any]:
     """The self-describing part of every checkpoint."""
     return {
         "format_version": FORMAT_VERSION,
@@ -48,6 +52,7 @@ def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vo
         "model_config": model.config.to_dict(),
         "text_config": text.to_dict(),
         "bpe_codes": bpe_codes,
+        "sentencepiece": sentencepiece,
         "src_vocab": src_vocab.tokens,
         "tgt_vocab": tgt_vocab.tokens,
         "shared_vocab": model.src_embed.tokens is model.tgt_embed.tokens,
@@ -137,7 +142,7 @@ def load_bundle(path: Path) -> ModelBundle:
     src_vocab = Vocabulary(checkpoint["src_vocab"][4:])
     tgt_vocab = src_vocab if checkpoint["shared_vocab"] else Vocabulary(checkpoint["tgt_vocab"][4:])
     return ModelBundle(build_model(checkpoint).eval(), TextConfig.from_dict(checkpoint["text_config"]),
-                       checkpoint["bpe_codes"], src_vocab, tgt_vocab)
+                       checkpoint["bpe_codes"], src_vocab, tgt_vocab, checkpoint.get("sentencepiece"))
 
 
 def numbered(save_dir: Path) -> list[tuple[int, Path]]:
@@ -161,13 +166,13 @@ def average(paths: list[Path]) -> dict[str, Any]:
     if not paths:
         raise NmtError("no checkpoints to average")
     first = load(paths[0])
-    keys = ("model_config", "text_config", "bpe_codes", "src_vocab", "tgt_vocab", "shared_vocab")
+    keys = ("model_config", "text_config", "bpe_codes", "sentencepiece", "src_vocab", "tgt_vocab", "shared_vocab")
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
     updates = [first.get("progress", {}).get("updates")]
     for path in paths[1:]:
         other = load(path)
         for key in keys:
-            if other[key] != first[key]:
+            if other.get(key) != first.get(key):
                 detail = _first_difference(first[key], other[key]) if isinstance(first[key], dict) else key
                 raise NmtError(f"{paths[0]} and {path} differ in {detail}: they are not the same model")
         for name, tensor in other["model"].items():
@@ -178,7 +183,7 @@ def average(paths: list[Path]) -> dict[str, Any]:
         updates.append(other.get("progress", {}).get("updates"))
     averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
                 for k, v in total.items()}
-    result = {key: first[key] for key in ("format_version", "nmt_cli_version", *keys)}
+    result = {key: first.get(key) for key in ("format_version", "nmt_cli_version", *keys)}
     result["model"] = averaged
     result["averaged_from"] = [{"path": str(p), "updates": u} for p, u in zip(paths, updates)]
     return result

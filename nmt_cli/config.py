@@ -21,6 +21,7 @@ VALID_METRICS = ("ppl", "bleu", "chrf", "ter")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 TOKENIZERS = ("moses", "none")
+SUBWORDS = ("bpe", "sentencepiece")
 TAG = r"<[^<>\s]+>"  # a tag such as <2de> or <BT>: tagged back-translation, multilingual models
 
 
@@ -279,6 +280,9 @@ class TextConfig:
 
     source_lang: str = _knob(MISSING, "Source suffix: PREFIX.SRC (or PREFIX.SRC.gz).", flags=("-s", "--source-lang"))
     target_lang: str = _knob(MISSING, "Target suffix.", flags=("-t", "--target-lang"))
+    subword: str = _knob("bpe", "bpe: --tokenizer, then joint BPE (subword-nmt); sentencepiece: raw text to the "
+                         "pieces of a joint SentencePiece model (the Moses options and tag protection do not apply).",
+                         choices=SUBWORDS)
     tokenizer: str = _knob("moses", "Moses (sacremoses) or plain whitespace splitting.", choices=TOKENIZERS)
     normalize_punctuation: bool = _knob(True, "Moses punctuation normalization before tokenizing.",
                                         negation="--no-normalize-punctuation")
@@ -311,6 +315,10 @@ class TextConfig:
         keep tokenizing tags as they did."""
         return cls(**{"protect_tags": False, **d})
 
+    @property
+    def sentencepiece(self) -> bool:
+        return self.subword == "sentencepiece"
+
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0))
@@ -330,12 +338,17 @@ class PreprocessConfig:
     testprefs: tuple[str, ...] = _knob((), "Test files prefix (repeatable; never filtered).", flags=("--testpref",))
     bpe_merges: int = _knob(32000, "Joint BPE merge operations to learn (0: no BPE).", min=0)
     bpe_codes: Path | None = _knob(None, "Apply these BPE codes instead of learning them.", path=_EXISTING_FILE)
+    sentencepiece_type: str = _knob("unigram", "With --subword sentencepiece: the model type (with --vocab-size "
+                                    "pieces).", choices=("unigram", "bpe"))
+    sentencepiece_model: Path | None = _knob(None, "With --subword sentencepiece: use this model instead of "
+                                             "training one.", path=_EXISTING_FILE)
     joined_dictionary: bool = _knob(True, "One vocabulary for both sides (3-way tying) or one per side.",
                                     negation="--separate-dictionaries")
     srcdict: Path | None = _knob(None, "Use this source (or joint) vocabulary.", path=_EXISTING_FILE)
     tgtdict: Path | None = _knob(None, "Use this target vocabulary.", path=_EXISTING_FILE)
     vocab_min_count: int = _knob(1, "Leave out subwords seen fewer times in training.", min=1)
-    vocab_size: int | None = _knob(None, "At most this many entries.", min=5)
+    vocab_size: int | None = _knob(None, "At most this many entries (with --subword sentencepiece: the pieces of "
+                                   "the model to train).", min=5)
     padding_factor: int = _knob(8, "Pad built vocabularies with unused entries to a multiple of this "
                                 "(fast matrix shapes).", min=1)
     max_len: int = _knob(250, "Drop training pairs with a side longer than this many BPE tokens.", min=1)

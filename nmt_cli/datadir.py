@@ -93,6 +93,15 @@ class DataDir:
         path = self.bpe_codes_path
         return path.read_text(encoding="utf-8") if path is not None else None
 
+    @property
+    def sentencepiece_path(self) -> Path | None:
+        name = self.meta.get("sentencepiece")  # absent from data directories made before SentencePiece
+        return self.path / name if name else None
+
+    def sentencepiece(self) -> bytes | None:
+        path = self.sentencepiece_path
+        return path.read_bytes() if path is not None else None
+
     def has_split(self, name: str) -> bool:
         return name in self.meta["splits"]
 
@@ -101,12 +110,12 @@ class DataDir:
         return ParallelData.load(self.path, name, text.source_lang, text.target_lang, np.dtype(self.meta["dtype"]))
 
     def reuse(self, src: str, tgt: str) -> tuple[TextConfig, dict[str, Any]]:
-        """`nmt preprocess --from-data`: this directory's text settings, and its BPE codes and
-        vocabularies as PreprocessConfig fields."""
+        """`nmt preprocess --from-data`: this directory's text settings, and its BPE codes (or
+        SentencePiece model) and vocabularies as PreprocessConfig fields."""
         text = self.text
         if (text.source_lang, text.target_lang) != (src, tgt):
             raise NmtError(f"{self.path}: prepared for {text.source_lang}-{text.target_lang}, not {src}-{tgt}")
-        return text, {"bpe_codes": self.bpe_codes_path, "bpe_merges": 0,
+        return text, {"bpe_codes": self.bpe_codes_path, "bpe_merges": 0, "sentencepiece_model": self.sentencepiece_path,
                       "srcdict": self.dictionary(src), "tgtdict": self.dictionary(tgt)}
 
 

@@ -32,6 +32,7 @@ from nmt_cli.data import ArrayWriter, token_dtype
 from nmt_cli.datadir import FORMAT_VERSION, DataDir
 from nmt_cli.files import DirectoryLock, publish_directory, reason, remove_stale_temporaries, temporary_directory
 from nmt_cli.lines import chunks, input_path, read_pairs
+from nmt_cli.pieces import learn_sentencepiece, load_sentencepiece
 from nmt_cli.text import TextProcessor, check_codes
 from nmt_cli.vocab import SPECIALS, Vocabulary
 from nmt_cli.workers import (
@@ -81,8 +82,8 @@ def check_training_left(stats: dict[str, SplitStats], inputs: dict[str, tuple[Pa
                        f"({train.pairs_in} read, dropped: {dict(train.dropped) or 'none'})")
 
 
-def tokenize_train(opts: PreprocessConfig, src_path: Path, tgt_path: Path, work: Path,
-                   stats: SplitStats) -> tuple[Counter, Counter, list[LineRange]]:
+def tokenize_train(opts: PreprocessConfig, src_path: Path, tgt_path: Path, work: Path, stats: SplitStats,
+                   sentencepiece: bytes | None) -> tuple[Counter, Counter, list[LineRange]]:
     """Stage 1: tokenized, filtered training pairs to `work/train.tok.*`; returns word counts and
     where each chunk of lines starts in the two files (so stage 4's workers read them directly)."""
     src_words: Counter = Counter()
@@ -90,7 +91,8 @@ def tokenize_train(opts: PreprocessConfig, src_path: Path, tgt_path: Path, work:
     ranges: list[LineRange] = []
     src_tok, tgt_tok = (work / f"train.tok.{lang}" for lang in (opts.text.source_lang, opts.text.target_lang))
     tokenize = functools.partial(tokenize_chunk, max_len=opts.max_len, max_ratio=opts.max_len_ratio)
-    with open(src_tok, "wb") as fs, open(tgt_tok, "wb") as ft, Workers(opts.workers, text=opts.text) as workers:
+    with open(src_tok, "wb") as fs, open(tgt_tok, "wb") as ft, \
+            Workers(opts.workers, text=opts.text, sentencepiece=sentencepiece) as workers:
         results = workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), TRAIN_CHUNK_LINES))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
             stats.pairs_in += chunk.kept + chunk.dropped.total()
@@ -150,20 +152,34 @@ def check_destdir(destdir: Path, force: bool, inputs: list[Path]) -> None:
                        f"{' and more' if len(foreign) > 3 else ''}, which nmt did not write; move them first")
 
 
+def check_options(opts: PreprocessConfig) -> None:
+    """Refuse a combination of options that cannot make a data directory, naming the flags."""
+    sentencepiece = opts.text.sentencepiece
+    if opts.trainpref is None and (opts.srcdict is None or (
+            opts.sentencepiece_model is None if sentencepiece else opts.bpe_codes is None and opts.bpe_merges)):
+        model = "--sentencepiece-model" if sentencepiece else "--bpe-codes"
+        raise NmtError(f"without --trainpref, give --srcdict (and {model}) of an existing data directory")
+    if opts.text.source_lang == opts.text.target_lang:
+        raise NmtError(f"--source-lang and --target-lang are both {opts.text.source_lang!r}")
+    if sentencepiece and opts.sentencepiece_model is None and opts.vocab_size is None:
+        raise NmtError("--subword sentencepiece needs --vocab-size N: the pieces of the model it learns")
+    if sentencepiece and opts.bpe_codes is not None:
+        raise NmtError("--bpe-codes applies to --subword bpe, not sentencepiece")
+    if not sentencepiece and opts.sentencepiece_model is not None:
+        raise NmtError("--sentencepiece-model needs --subword sentencepiece")
+
+
 def preprocess(opts: PreprocessConfig) -> DataDir:
     """Run every stage; returns the data directory written."""
-    if opts.trainpref is None and (opts.srcdict is None or (opts.bpe_codes is None and opts.bpe_merges)):
-        raise NmtError("without --trainpref, give --srcdict (and --bpe-codes) of an existing data directory")
+    check_options(opts)
     src, tgt = opts.text.source_lang, opts.text.target_lang
-    if src == tgt:
-        raise NmtError(f"--source-lang and --target-lang are both {src!r}")
     splits = ([("train", opts.trainpref)] if opts.trainpref else []) + \
         ([("valid", opts.validpref)] if opts.validpref else []) + \
         [(f"test{i or ''}", p) for i, p in enumerate(opts.testprefs)]
     inputs = {name: (input_path(p, src), input_path(p, tgt)) for name, p in splits}
     destdir = opts.destdir.resolve()
     given = [p for pair in inputs.values() for p in pair]
-    given += [p for p in (opts.bpe_codes, opts.srcdict, opts.tgtdict) if p is not None]
+    given += [p for p in (opts.bpe_codes, opts.sentencepiece_model, opts.srcdict, opts.tgtdict) if p is not None]
     check_destdir(destdir, opts.force, given)
     try:
         destdir.parent.mkdir(parents=True, exist_ok=True)
@@ -192,21 +208,17 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
     src, tgt = opts.text.source_lang, opts.text.target_lang
     stats = {name: SplitStats() for name in inputs}
     timings: dict[str, float] = {}
-    word_counts: tuple[Counter, Counter] | None = None
-    train_ranges: list[LineRange] = []
-    if "train" in inputs:
-        start = time.perf_counter()
-        src_words, tgt_words, train_ranges = tokenize_train(opts, *inputs["train"], tmp, stats["train"])
-        word_counts = (src_words, tgt_words)
-        timings["tokenize_train"] = time.perf_counter() - start
-        check_training_left(stats, inputs)
+    start = time.perf_counter()
+    pieces = sentencepiece_model(opts, inputs.get("train"))
+    timings["learn_sentencepiece"] = time.perf_counter() - start
+    word_counts, train_ranges = first_stage(opts, inputs, tmp, stats, timings, pieces)
 
     start = time.perf_counter()
     codes = bpe_codes(opts, word_counts)
     timings["learn_bpe"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    segmenter = TextProcessor(opts.text, src, codes)  # joint BPE: one segmenter for both sides
+    segmenter = TextProcessor(opts.text, src, codes, pieces)  # joint BPE: one segmenter for both sides
     counts = word_counts
     if codes is not None and word_counts is not None:
         counts = count_subwords(opts, segmenter, word_counts)
@@ -216,13 +228,15 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
     dtype = token_dtype(max(len(src_vocab), len(tgt_vocab)))
     vocabs = (src_vocab.tokens[len(SPECIALS):], tgt_vocab.tokens[len(SPECIALS):])
     with Workers(opts.workers, text=opts.text, src_vocab=vocabs[0], tgt_vocab=vocabs[1], dtype=dtype,
-                 segmenter=segmenter) as workers:
+                 segmenter=segmenter, sentencepiece=pieces) as workers:
         for name in inputs:
             binarize_split(name, opts, inputs, train_ranges, workers, tmp, dtype, stats)
             timings[f"binarize_{name}"] = stats[name].seconds
 
     if codes is not None:
         (tmp / "bpe.codes").write_text(codes, encoding="utf-8")
+    if pieces is not None:
+        (tmp / "spm.model").write_bytes(pieces)
     src_vocab.save(tmp / f"dict.{src}.txt")
     tgt_vocab.save(tmp / f"dict.{tgt}.txt")
     return {
@@ -231,7 +245,8 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "text": opts.text.to_dict(),
         "bpe_codes": "bpe.codes" if codes is not None else None,
-        "bpe_merges": opts.bpe_merges if opts.bpe_codes is None else None,
+        "bpe_merges": opts.bpe_merges if codes is not None and opts.bpe_codes is None else None,
+        "sentencepiece": "spm.model" if pieces is not None else None,
         "joined_dictionary": src_vocab == tgt_vocab,
         "dictionaries": {src: f"dict.{src}.txt", tgt: f"dict.{tgt}.txt"},
         "vocab_sizes": {src: len(src_vocab), tgt: len(tgt_vocab)},
@@ -239,13 +254,44 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
         "filter": {"max_len": opts.max_len, "max_len_ratio": opts.max_len_ratio},
         "splits": {name: s.to_dict(src, tgt) for name, s in stats.items()},
         "inputs": {name: [str(p) for p in paths] for name, paths in inputs.items()},
-        "versions": {name: version(name) for name in ("sacremoses", "subword-nmt", "numpy")},
+        "versions": {name: version(name) for name in (
+            ("sentencepiece",) if pieces is not None else ("sacremoses", "subword-nmt")) + ("numpy",)},
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
 
 
+def first_stage(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tmp: Path,
+                stats: dict[str, SplitStats], timings: dict[str, float],
+                pieces: bytes | None) -> tuple[tuple[Counter, Counter] | None, list[LineRange]]:
+    """Stage 1 when there is a training split: its word counts and where its tokenized lines are."""
+    if "train" not in inputs:
+        return None, []
+    start = time.perf_counter()
+    src_words, tgt_words, train_ranges = tokenize_train(opts, *inputs["train"], tmp, stats["train"], pieces)
+    timings["tokenize_train"] = time.perf_counter() - start
+    check_training_left(stats, inputs)
+    return (src_words, tgt_words), train_ranges
+
+
+def sentencepiece_model(opts: PreprocessConfig, train: tuple[Path, Path] | None) -> bytes | None:
+    """Stage 0 with --subword sentencepiece: the given model (checked), or one learned from the raw
+    training lines of both sides; None for BPE."""
+    if not opts.text.sentencepiece:
+        return None
+    if opts.sentencepiece_model is not None:
+        model = Path(opts.sentencepiece_model).read_bytes()
+        load_sentencepiece(model, str(opts.sentencepiece_model))
+        return model
+    assert train is not None and opts.vocab_size is not None  # check_options
+    lines = (line.lower() if opts.text.lowercase else line
+             for pair in read_pairs(*train) for line in pair if line.strip() and "\x00" not in line)
+    return learn_sentencepiece(lines, opts.vocab_size, opts.sentencepiece_type, opts.workers)
+
+
 def bpe_codes(opts: PreprocessConfig, word_counts: tuple[Counter, Counter] | None) -> str | None:
     """Stage 2: the given codes (checked), codes learned from the training words, or none."""
+    if opts.text.sentencepiece:
+        return None
     if opts.bpe_codes is not None:
         text = Path(opts.bpe_codes).read_text(encoding="utf-8")
         return check_codes(text, f"{opts.bpe_codes}: BPE codes")  # names the file in errors

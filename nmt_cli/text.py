@@ -20,6 +20,7 @@ from subword_nmt.apply_bpe import BPE
 
 from nmt_cli import NmtError
 from nmt_cli.config import TextConfig
+from nmt_cli.pieces import load_sentencepiece
 
 BPE_SEPARATOR = "@@"
 
@@ -71,9 +72,13 @@ class MosesPunctNormalizer(sacremoses.MosesPunctNormalizer):
 class TextProcessor:
     """One language's way from a raw line to subword tokens and back."""
 
-    def __init__(self, config: TextConfig, lang: str, bpe_codes: str | None = None) -> None:
+    def __init__(self, config: TextConfig, lang: str, bpe_codes: str | None = None,
+                 sentencepiece: bytes | None = None) -> None:
         self.config, self.lang = config, lang
-        moses = config.tokenizer == "moses"
+        if config.sentencepiece and sentencepiece is None:
+            raise ValueError("TextConfig(subword='sentencepiece') needs its SentencePiece model")
+        self.pieces = load_sentencepiece(sentencepiece) if config.sentencepiece else None
+        moses = config.tokenizer == "moses" and not config.sentencepiece
         self.normalizer = MosesPunctNormalizer(lang=lang) if moses and config.normalize_punctuation else None
         self.tokenizer = MosesTokenizer(lang=lang) if moses else None
         self.detokenizer = MosesDetokenizer(lang=lang) if moses else None
@@ -84,7 +89,9 @@ class TextProcessor:
 
     def tokenize(self, line: str) -> list[str]:
         """Raw line -> words: punctuation normalization, Moses tokenization, lowercasing; the
-        protected words (tags, --protect) pass whole."""
+        protected words (tags, --protect) pass whole. With SentencePiece: the line's pieces."""
+        if self.pieces is not None:
+            return self.pieces.encode(line.lower() if self.config.lowercase else line, out_type=str)
         if self.normalizer is not None:
             line = self.normalizer.normalize(line)
         if self.tokenizer is not None:
@@ -116,7 +123,9 @@ class TextProcessor:
         self.bpe.cache.update(segmentations)
 
     def decode(self, tokens: list[str]) -> str:
-        """Subword tokens -> text: BPE joined back, then Moses detokenization."""
+        """Subword tokens -> text: BPE joined back, then Moses detokenization (or SentencePiece's own)."""
+        if self.pieces is not None:
+            return self.pieces.decode_pieces(tokens)
         words = " ".join(tokens).replace(BPE_SEPARATOR + " ", "").removesuffix(BPE_SEPARATOR).split()
         return self.detokenizer.detokenize(words) if self.detokenizer is not None else " ".join(words)
 

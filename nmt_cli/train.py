@@ -143,7 +143,7 @@ def valid_scores(bundle: ckpt.ModelBundle, valid: ParallelData, config: TrainCon
 def averaged_checkpoint(bundle: ckpt.ModelBundle, trainer: Trainer, updates: int) -> dict[str, Any]:
     """An inference checkpoint of the averaged weights (--ema-decay) at update `updates`."""
     with trainer.averaged():
-        checkpoint = ckpt.describe(bundle.model, bundle.text, bundle.bpe_codes, bundle.src_vocab, bundle.tgt_vocab)
+        checkpoint = bundle.describe()
         weights = {name: tensor.clone() for name, tensor in checkpoint["model"].items()}  # not views of the model
     return {**checkpoint, "model": weights, "progress": {"updates": updates}, "ema_decay": trainer.config.ema_decay}
 
@@ -239,7 +239,8 @@ class TrainingRun:
         torch.manual_seed(config.seed)
         model = Transformer(model_config, len(src_vocab), len(tgt_vocab), PAD_ID, data.joined_dictionary)
         self.model = model.to(self.runtime.device)
-        self.bundle = ckpt.ModelBundle(self.model, data.text, data.bpe_codes(), src_vocab, tgt_vocab)
+        self.bundle = ckpt.ModelBundle(self.model, data.text, data.bpe_codes(), src_vocab, tgt_vocab,
+                                       data.sentencepiece())
         self.checkpoints = Checkpointer(self.save_dir, self.runtime, config.keep_last, (src_vocab, tgt_vocab))
         state = None if reset else self.checkpoints.resume(self.model)
         if state is None and init_from is not None:
@@ -274,7 +275,7 @@ class TrainingRun:
         self.last_save, b, p = time.monotonic(), self.bundle, self.progress
         averaged = (lambda: averaged_checkpoint(b, self.trainer, p.updates)) if self.config.ema_decay else None
         self.checkpoints.save(p.updates, best, lambda: {
-            **ckpt.describe(b.model, b.text, b.bpe_codes, b.src_vocab, b.tgt_vocab),
+            **b.describe(),
             **self.trainer.state(), "train_config": self.config.to_dict(),
             "progress": {**asdict(p), "elapsed_s": self.elapsed()}, "batching": self.batching()}, averaged)
 

@@ -50,8 +50,8 @@ class Translator:
                 quantize_int8(model, device, dtype)
         self.models = Ensemble(models)
         codes = first.bpe_codes if config.input_format == "raw" else None
-        self.source = TextProcessor(first.text, first.text.source_lang, codes)
-        self.target = TextProcessor(first.text, first.text.target_lang, codes)  # codes: for --prefix
+        self.source = TextProcessor(first.text, first.text.source_lang, codes, first.sentencepiece)
+        self.target = TextProcessor(first.text, first.text.target_lang, codes, first.sentencepiece)  # for --prefix
         self.generator = torch.Generator(device)
         if config.search.seed is None:
             self.generator.seed()

@@ -1,0 +1,49 @@
+"""SentencePiece (Kudo and Richardson, 2018), the second subword backend beside Moses + BPE
+(`nmt preprocess --subword sentencepiece`): one model for both languages, trained on the raw
+training text, that turns a line into pieces and pieces back into the line. Its special ids are
+ours (<pad> 0, <s> 1, </s> 2, <unk> 3), and the model travels in the data directory and in every
+checkpoint, so `nmt translate` needs nothing else."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+
+from nmt_cli import NmtError
+from nmt_cli.vocab import SPECIALS
+
+MODEL_TYPES = ("unigram", "bpe")
+MAX_SENTENCES = 2_000_000  # a sample of a larger corpus is enough to learn the pieces
+
+
+def learn_sentencepiece(lines: Iterable[str], vocab_size: int, model_type: str, threads: int) -> bytes:
+    """A serialized SentencePiece model of at most `vocab_size` pieces learned from `lines`."""
+    import sentencepiece
+
+    model = io.BytesIO()
+    pad, bos, eos, unk = SPECIALS
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+            pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece=pad, bos_piece=bos, eos_piece=eos, unk_piece=unk,
+            character_coverage=1.0, hard_vocab_limit=False, input_sentence_size=MAX_SENTENCES,
+            shuffle_input_sentence=True, num_threads=threads, minloglevel=2)
+    except RuntimeError as e:
+        raise NmtError(f"SentencePiece could not learn a model: {str(e).strip().splitlines()[-1]}") from None
+    return model.getvalue()
+
+
+def load_sentencepiece(model: bytes, source: str = "SentencePiece model") -> object:
+    """A SentencePieceProcessor of a serialized model whose special pieces have our ids."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(model)
+    except (RuntimeError, TypeError, OSError) as e:
+        raise NmtError(f"{source}: not a SentencePiece model ({e})") from None
+    ids = [processor.piece_to_id(piece) for piece in SPECIALS]
+    if ids != list(range(len(SPECIALS))):
+        raise NmtError(f"{source}: its special pieces {', '.join(SPECIALS)} have ids {ids}, not 0-3 "
+                       "(train it with pad_id=0 bos_id=1 eos_id=2 unk_id=3, or let `nmt preprocess` train it)")
+    return processor
