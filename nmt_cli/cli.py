@@ -22,7 +22,6 @@ from nmt_cli.config import (
     TextConfig,
     TrainConfig,
     TranslateConfig,
-    paper_row,
 )
 
 if TYPE_CHECKING:
@@ -142,6 +141,8 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
     config = build_model_config(arch, overrides)
     shared = tgt_vocab_size is None
     params = config.num_parameters(vocab_size, tgt_vocab_size or vocab_size, shared)
+    from nmt_cli.table3 import paper_row
+
     row = paper_row(config)
     result = {
         "arch": arch, "config": config.to_dict(), "src_vocab_size": vocab_size,

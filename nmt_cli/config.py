@@ -151,45 +151,6 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 @dataclass(frozen=True)
-class PaperRow:
-    """A Table 3 row with a parameter count (millions), relative to the base model."""
-
-    name: str
-    overrides: dict[str, Any]
-    params_m: float
-
-
-TABLE3: tuple[PaperRow, ...] = (
-    PaperRow("base", {}, 65),
-    PaperRow("(B) d_k=16", {"d_k": 16}, 58),
-    PaperRow("(B) d_k=32", {"d_k": 32}, 60),
-    PaperRow("(C) N=2", {"encoder_layers": 2, "decoder_layers": 2}, 36),
-    PaperRow("(C) N=4", {"encoder_layers": 4, "decoder_layers": 4}, 50),
-    PaperRow("(C) N=8", {"encoder_layers": 8, "decoder_layers": 8}, 80),
-    PaperRow("(C) d_model=256", {"d_model": 256, "d_k": 32, "d_v": 32}, 28),
-    PaperRow("(C) d_model=1024", {"d_model": 1024, "d_k": 128, "d_v": 128}, 168),
-    PaperRow("(C) d_ff=1024", {"d_ff": 1024}, 53),
-    PaperRow("(C) d_ff=4096", {"d_ff": 4096}, 90),
-    PaperRow("big", {"d_model": 1024, "d_ff": 4096, "heads": 16, "dropout": 0.3}, 213),
-)
-
-ARCHITECTURE_FIELDS = (
-    "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "positions", "norm",
-)
-
-
-def paper_row(config: ModelConfig) -> PaperRow | None:
-    """The Table 3 row whose architecture (not its dropout) equals `config`, if any."""
-    def shape(c: ModelConfig) -> tuple:
-        return tuple(getattr(c, name) for name in ARCHITECTURE_FIELDS)
-
-    for row in TABLE3:
-        if shape(PRESETS["base"].replace(**row.overrides)) == shape(config):
-            return row
-    return None
-
-
-@dataclass(frozen=True)
 class SearchConfig:
     """Beam search (search.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
 
@@ -342,6 +303,11 @@ class PreprocessConfig:
                                     "pieces).", choices=("unigram", "bpe"))
     sentencepiece_model: Path | None = _knob(None, "With --subword sentencepiece: use this model instead of "
                                              "training one.", path=_EXISTING_FILE)
+    sentencepiece_samples: int = _knob(0, "With --subword sentencepiece: also write N segmentations of the training "
+                                       "split sampled from the model; training takes one per epoch in turn (subword "
+                                       "regularization).", min=0)
+    sentencepiece_alpha: float = _knob(0.1, "Smoothing of the sampled segmentations (smaller: more varied).",
+                                       min=0.0, exclusive_min=True)
     joined_dictionary: bool = _knob(True, "One vocabulary for both sides (3-way tying) or one per side.",
                                     negation="--separate-dictionaries")
     srcdict: Path | None = _knob(None, "Use this source (or joint) vocabulary.", path=_EXISTING_FILE)

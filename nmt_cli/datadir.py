@@ -102,6 +102,12 @@ class DataDir:
         path = self.sentencepiece_path
         return path.read_bytes() if path is not None else None
 
+    @property
+    def sampled_splits(self) -> list[str]:
+        """The training split's sampled segmentations (--sentencepiece-samples), in order."""
+        names = [name for name in self.meta["splits"] if name.startswith("train.sample")]
+        return sorted(names, key=lambda name: int(name.removeprefix("train.sample")))
+
     def has_split(self, name: str) -> bool:
         return name in self.meta["splits"]
 

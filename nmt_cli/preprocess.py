@@ -41,6 +41,7 @@ from nmt_cli.workers import (
     Workers,
     binarize_chunk,
     binarize_range,
+    sample_range,
     segment_words,
     tokenize_chunk,
 )
@@ -165,8 +166,11 @@ def check_options(opts: PreprocessConfig) -> None:
         raise NmtError("--subword sentencepiece needs --vocab-size N: the pieces of the model it learns")
     if sentencepiece and opts.bpe_codes is not None:
         raise NmtError("--bpe-codes applies to --subword bpe, not sentencepiece")
-    if not sentencepiece and opts.sentencepiece_model is not None:
-        raise NmtError("--sentencepiece-model needs --subword sentencepiece")
+    if not sentencepiece and (opts.sentencepiece_model is not None or opts.sentencepiece_samples):
+        flag = "--sentencepiece-model" if opts.sentencepiece_model is not None else "--sentencepiece-samples"
+        raise NmtError(f"{flag} needs --subword sentencepiece")
+    if opts.sentencepiece_samples and opts.trainpref is None:
+        raise NmtError("--sentencepiece-samples samples the training split: give --trainpref")
 
 
 def preprocess(opts: PreprocessConfig) -> DataDir:
@@ -232,6 +236,9 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
         for name in inputs:
             binarize_split(name, opts, inputs, train_ranges, workers, tmp, dtype, stats)
             timings[f"binarize_{name}"] = stats[name].seconds
+        sample_segmentations(opts, train_ranges, workers, tmp, dtype, stats)
+    for lang in (src, tgt) if train_ranges else ():
+        (tmp / f"train.tok.{lang}").unlink()
 
     if codes is not None:
         (tmp / "bpe.codes").write_text(codes, encoding="utf-8")
@@ -319,10 +326,20 @@ def binarize_split(name: str, opts: PreprocessConfig, inputs: dict[str, tuple[Pa
     if name == "valid" and stats[name].pairs_out == 0:
         raise NmtError(f"{src_path}: the valid split is empty; training could not validate on it")
     if training:
-        for lang in (opts.text.source_lang, opts.text.target_lang):
-            (tmp / f"train.tok.{lang}").unlink()
         check_training_left(stats, inputs)
     stats[name].seconds = time.perf_counter() - start
+
+
+def sample_segmentations(opts: PreprocessConfig, train_ranges: list[LineRange], workers: Workers, tmp: Path,
+                         dtype: np.dtype, stats: dict[str, SplitStats]) -> None:
+    """Stage 5 with --sentencepiece-samples N: N more copies of the training split, each pair
+    segmented anew by sampling from the SentencePiece model (subword regularization)."""
+    for copy in range(opts.sentencepiece_samples):
+        name, start = f"train.sample{copy}", time.perf_counter()
+        stats[name] = SplitStats(pairs_in=stats["train"].pairs_out)
+        encode = functools.partial(sample_range, copy=copy, alpha=opts.sentencepiece_alpha, max_len=opts.max_len)
+        binarize(train_ranges, encode, workers, tmp / name, dtype, stats[name], f"sample {name}", True, opts)
+        stats[name].seconds = time.perf_counter() - start
 
 
 def count_subwords(opts: PreprocessConfig, segmenter: TextProcessor,

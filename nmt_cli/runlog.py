@@ -48,6 +48,14 @@ class RunLog:
                 if key not in ("kind", "update", "epoch"):
                     self.tensorboard.add_scalar(f"{entry['kind']}/{key}", value, entry["update"])
 
+    def validation(self, update: int, epoch: int, elapsed: float, result: dict[str, float], best: bool) -> None:
+        """Record and show a validation's result."""
+        self.record({"kind": "valid", "update": update, "epoch": epoch, "elapsed_s": round(elapsed, 1), **result})
+        bleu = f", BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}, TER {result['ter']:.2f}" \
+            if "bleu" in result else ""
+        self.log(f"validation at update {update}: loss {result['loss']:.3f}, nll {result['nll']:.3f}, "
+                 f"ppl {result['ppl']:.2f}{bleu}" + (" (best)" if best else ""))
+
     def truncate(self, updates: int) -> None:
         """Drop records newer than update `updates`, the checkpoint resumed from (they will be redone)."""
         if not self.main or not self.path.exists():

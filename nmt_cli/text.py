@@ -122,6 +122,13 @@ class TextProcessor:
         assert self.bpe is not None
         self.bpe.cache.update(segmentations)
 
+    def sample(self, pieces: list[str], alpha: float) -> list[str]:
+        """The text of `pieces` segmented again, sampled from the SentencePiece model's
+        segmentations (subword regularization; `alpha` smooths their distribution)."""
+        assert self.pieces is not None
+        return self.pieces.encode(self.pieces.decode_pieces(pieces), out_type=str, enable_sampling=True, alpha=alpha,
+                                  nbest_size=-1)
+
     def decode(self, tokens: list[str]) -> str:
         """Subword tokens -> text: BPE joined back, then Moses detokenization (or SentencePiece's own)."""
         if self.pieces is not None:

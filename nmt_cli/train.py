@@ -230,9 +230,12 @@ class TrainingRun:
         src_vocab, tgt_vocab = data.vocabularies()
         self.train = data.split("train")
         self.valid = data.split("valid") if data.has_split("valid") else None
-        check_lengths(Path(data_dir), self.train, self.valid, model_config.max_positions)
         self.pad_multiple = 8 if self.runtime.device.type == "cuda" else 1
         self.batches, self.valid_batches = make_batches(data_dir, config, self.train, self.valid, self.pad_multiple)
+        self.samples = [(sample, make_batches(data_dir, config, sample, None, self.pad_multiple)[0])
+                        for sample in map(data.split, data.sampled_splits)]  # subword regularization
+        for train in [self.train] + [sample for sample, _ in self.samples]:
+            check_lengths(Path(data_dir), train, self.valid, model_config.max_positions)
         self.prefetcher = Prefetcher(self.train, self.pad_multiple, background=self.runtime.device.type == "cuda")
         self.log = RunLog(self.save_dir, self.runtime.main, config.tensorboard, progress_bar)
 
@@ -289,12 +292,7 @@ class TrainingRun:
                 result.update(valid_scores(self.bundle, self.valid, self.config, self.runtime.device))
         p = self.progress
         best = p.validated(result, self.config.best_checkpoint_metric)
-        self.log.record({"kind": "valid", "update": p.updates, "epoch": p.epoch,
-                         "elapsed_s": round(self.elapsed(), 1), **result})
-        bleu = f", BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}, TER {result['ter']:.2f}" \
-            if "bleu" in result else ""
-        self.log.log(f"validation at update {p.updates}: loss {result['loss']:.3f}, nll {result['nll']:.3f}, "
-                     f"ppl {result['ppl']:.2f}{bleu}" + (" (best)" if best else ""))
+        self.log.validation(p.updates, p.epoch, self.elapsed(), result, best)
         return best
 
     def run(self) -> Progress:
@@ -330,6 +328,9 @@ class TrainingRun:
         stop: Stop | None = None
         try:
             while stop is None:
+                if self.samples:  # each epoch trains on one of the sampled segmentations, in turn
+                    self.train, self.batches = self.samples[(p.epoch - 1) % len(self.samples)]
+                    self.prefetcher.data = self.train
                 order = shuffled(self.batches, c.seed, p.epoch)
                 full, rest = divmod(len(order), rt.world * c.update_freq)
                 updates_in_epoch = full + (1 if rest and rt.world == 1 else 0)

@@ -128,11 +128,27 @@ class Packed:
 def binarize_chunk(pairs: list[tuple[str, str]], tokenize: bool, max_len: int | None) -> Packed:
     """Lines -> (tokenize, unless done already) -> BPE -> ids, packed; pairs over max_len are dropped."""
     src, tgt = _worker["src"], _worker["tgt"]
+    return _encode(((src.tokenize(s), tgt.tokenize(t)) if tokenize else (s.split(), t.split()) for s, t in pairs),
+                   max_len)
+
+
+def sample_range(lines: LineRange, copy: int, alpha: float, max_len: int) -> Packed:
+    """Tokenized training lines segmented anew, sampled from the SentencePiece model (subword
+    regularization), packed. Seeded by the chunk and the copy: any number of workers writes the
+    same files."""
+    import sentencepiece
+
+    sentencepiece.set_random_generator_seed((copy * 1_000_003 + lines.src_offset) % (1 << 31))
+    src, tgt = _worker["src"], _worker["tgt"]
+    return _encode(((src.sample(s.split(), alpha), tgt.sample(t.split(), alpha)) for s, t in lines.read()), max_len)
+
+
+def _encode(pairs: Iterable[tuple[list[str], list[str]]], max_len: int | None) -> Packed:
+    """Pairs of word (or piece) lists -> ids, packed; pairs over max_len are dropped."""
     sides: tuple[list[list[int]], list[list[int]]] = ([], [])
     too_long = 0
-    for s, t in pairs:
-        words = (src.tokenize(s), tgt.tokenize(t)) if tokenize else (s.split(), t.split())
-        s_ids, t_ids = _worker["src_ids"].encode(words[0]), _worker["tgt_ids"].encode(words[1])
+    for src_words, tgt_words in pairs:
+        s_ids, t_ids = _worker["src_ids"].encode(src_words), _worker["tgt_ids"].encode(tgt_words)
         if max_len is not None and max(len(s_ids), len(t_ids)) > max_len:
             too_long += 1
             continue

@@ -88,3 +88,52 @@ def test_missing_or_misplaced_sentencepiece_options_are_refused(corpus, tmp_path
     result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", corpus / "train", "--destdir", tmp_path / "d",
                  "--quiet", *flags)
     assert result.exit_code == 1 and message in result.output and not (tmp_path / "d").exists()
+
+
+def sampled_data(corpus, dest, workers):
+    result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", corpus / "train", "--validpref", corpus / "val",
+                 "--destdir", dest, "--subword", "sentencepiece", "--vocab-size", 600, "--sentencepiece-samples", 2,
+                 "--quiet", "--workers", workers)
+    assert result.exit_code == 0, result.output
+    return dest
+
+
+def test_sampled_segmentations_are_the_same_text_cut_otherwise(corpus, tmp_path):
+    data = sampled_data(corpus, tmp_path / "data", workers=2)
+    meta = json.loads((data / "meta.json").read_text())
+    processor = TextProcessor(TextConfig.from_dict(meta["text"]), "en", sentencepiece=(data / "spm.model").read_bytes())
+    vocab = Vocabulary.load(data / "dict.en.txt")
+    splits = [IndexedArray(data / f"{name}.en", np.dtype(meta["dtype"])) for name in ("train", "train.sample0",
+                                                                                       "train.sample1")]
+    assert len({len(split) for split in splits}) == 1
+    texts = [[processor.decode(vocab.decode(split[i].tolist())) for i in range(len(split))] for split in splits]
+    assert texts[0] == texts[1] == texts[2]
+    assert len({(data / f"{name}.en.bin").read_bytes() for name in ("train", "train.sample0", "train.sample1")}) == 3
+    again = sampled_data(corpus, tmp_path / "again", workers=1)  # seeded per chunk: any number of workers
+    assert (again / "train.sample1.de.bin").read_bytes() == (data / "train.sample1.de.bin").read_bytes()
+
+
+def test_training_takes_a_sampled_segmentation_per_epoch_and_resumes_exactly(corpus, tmp_path):
+    import torch
+
+    from nmt_cli import checkpoint as ckpt
+    from nmt_cli.config import PRESETS, TrainConfig
+    from nmt_cli.train import TrainingRun
+
+    data = sampled_data(corpus, tmp_path / "data", workers=2)
+    model = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=2)
+
+    def train(save_dir, **limits):
+        config = TrainConfig(max_tokens=3000, device="cpu", threads=1, save_interval_minutes=1000.0, **limits)
+        run = TrainingRun(data, save_dir, model, config, progress_bar=False)
+        run.run()
+        return run
+
+    straight = train(tmp_path / "straight", max_epochs=3)
+    assert straight.train is straight.samples[0][0]  # epoch 3 of 2 samples: the first again
+    resumed = train(tmp_path / "resumed", max_updates=len(straight.samples[0][1]) + 3)  # stop inside epoch 2
+    assert resumed.train is resumed.samples[1][0]
+    train(tmp_path / "resumed", max_epochs=3)
+    a = ckpt.load(tmp_path / "straight/checkpoint_last.pt")["model"]
+    b = ckpt.load(tmp_path / "resumed/checkpoint_last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
