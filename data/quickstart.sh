@@ -12,7 +12,8 @@
 #   6. nmt score: sacreBLEU with its signature
 # Settings: MINUTES, WORK (default runs/quickstart), THREADS (default: all cores), DEVICE (auto),
 # SAVE_EVERY (minutes between checkpoints), KEEP_LAST (numbered checkpoints kept; 0 = all),
-# TRAIN_ARGS (more `nmt train` flags, e.g. "--ema-decay 0.999").
+# TRAIN_ARGS (more `nmt train` flags, e.g. "--ema-decay 0.999"), SUBWORD_ARGS (the subwords:
+# default "--bpe-merges 8000"; e.g. "--subword sentencepiece --vocab-size 8000").
 # Running it again resumes an unfinished training and redoes the evaluation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ bash data/get_multi30k.sh "$raw"
 
 if [ ! -f "$WORK/data/meta.json" ]; then
   nmt preprocess -s en -t de --trainpref "$raw/train" --validpref "$raw/val" --testpref "$raw/test_2016_flickr" \
-    --destdir "$WORK/data" --bpe-merges 8000 --max-len-ratio 3
+    --destdir "$WORK/data" ${SUBWORD_ARGS:---bpe-merges 8000} --max-len-ratio 3
 fi
 
 SAVE_EVERY=${SAVE_EVERY:-$(python3 -c "print(max($MINUTES / 15, 0.1))")}

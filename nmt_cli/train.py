@@ -163,6 +163,21 @@ def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid
     return batches, token_batches(valid.src_lengths, valid.tgt_lengths, max(config.max_tokens, longest))
 
 
+def load_splits(data: DataDir, config: TrainConfig, pad_multiple: int, max_positions: int) -> tuple[
+        ParallelData, ParallelData | None, list[np.ndarray], list[np.ndarray], list[tuple[ParallelData, list]]]:
+    """The training split, the valid split, their batches, and the training split's sampled
+    segmentations with theirs (subword regularization); data longer than the model's positions
+    is refused."""
+    train = data.split("train")
+    valid = data.split("valid") if data.has_split("valid") else None
+    sampled = [data.split(name) for name in data.sampled_splits]
+    for split in [train, *sampled]:
+        check_lengths(data.path, split, valid, max_positions)
+    batches, valid_batches = make_batches(data.path, config, train, valid, pad_multiple)
+    samples = [(sample, make_batches(data.path, config, sample, None, pad_multiple)[0]) for sample in sampled]
+    return train, valid, batches, valid_batches, samples
+
+
 def share(order: list[np.ndarray], update: int, runtime: Runtime,
           update_freq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The batches of update `update` of the epoch on all processes, and this process's share."""
@@ -228,14 +243,9 @@ class TrainingRun:
         self.runtime = set_up_runtime(config)
         data = DataDir.open(data_dir, verify=True)
         src_vocab, tgt_vocab = data.vocabularies()
-        self.train = data.split("train")
-        self.valid = data.split("valid") if data.has_split("valid") else None
         self.pad_multiple = 8 if self.runtime.device.type == "cuda" else 1
-        self.batches, self.valid_batches = make_batches(data_dir, config, self.train, self.valid, self.pad_multiple)
-        self.samples = [(sample, make_batches(data_dir, config, sample, None, self.pad_multiple)[0])
-                        for sample in map(data.split, data.sampled_splits)]  # subword regularization
-        for train in [self.train] + [sample for sample, _ in self.samples]:
-            check_lengths(Path(data_dir), train, self.valid, model_config.max_positions)
+        self.train, self.valid, self.batches, self.valid_batches, self.samples = load_splits(
+            data, config, self.pad_multiple, model_config.max_positions)
         self.prefetcher = Prefetcher(self.train, self.pad_multiple, background=self.runtime.device.type == "cuda")
         self.log = RunLog(self.save_dir, self.runtime.main, config.tensorboard, progress_bar)
 

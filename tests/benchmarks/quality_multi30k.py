@@ -7,7 +7,9 @@ within T minutes of training are averaged (the rate schedule does not depend on 
 this is what a T-minute run gives), then val and test_2016_flickr are translated with beam 4 /
 alpha 0.6 and scored with sacreBLEU (13a, detokenized). The last checkpoint alone is scored too,
 and with `--ema-decay D` the same run keeps an exponential moving average of its weights, scored
-at the end of training (`ema`): EMA against last-5 averaging in the same time. One JSON line per T.
+at the end of training (`ema`): EMA against last-5 averaging in the same time. `--subword
+sentencepiece` swaps Moses + 8,000 BPE merges for an 8,000-piece SentencePiece model. One JSON
+line per T.
 """
 
 from __future__ import annotations
@@ -56,10 +58,13 @@ def main() -> None:
     parser.add_argument("--save-every", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--ema-decay", type=float, default=0.0)
+    parser.add_argument("--subword", choices=["bpe", "sentencepiece"], default="bpe")
     args = parser.parse_args()
     env = {**os.environ, "WORK": str(args.work.resolve()), "MINUTES": f"{args.minutes:g}",
            "SAVE_EVERY": f"{args.save_every:g}", "KEEP_LAST": "0", "THREADS": str(args.threads),
-           "TRAIN_ARGS": f"--ema-decay {args.ema_decay:g}" if args.ema_decay else ""}
+           "TRAIN_ARGS": f"--ema-decay {args.ema_decay:g}" if args.ema_decay else "",
+           "SUBWORD_ARGS": "--subword sentencepiece --vocab-size 8000" if args.subword == "sentencepiece" else
+           "--bpe-merges 8000"}
     subprocess.run(["bash", str(ROOT / "data/quickstart.sh")], check=True, env=env)
     for minutes in args.eval_at:
         ema = bool(args.ema_decay) and minutes == args.minutes  # the average is known at the end only
