@@ -109,10 +109,15 @@ def _refusal(error: Exception) -> str:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read a checkpoint safely (`weights_only=True`); any problem is a one-line NmtError."""
+    """Read a checkpoint safely (`weights_only=True`; or a `nmt export` safetensors file); any
+    problem is a one-line NmtError."""
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"{path}: no such checkpoint")
+    if path.suffix == ".safetensors":
+        from nmt_cli.export import load_safetensors
+
+        return load_safetensors(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

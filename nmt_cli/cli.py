@@ -24,6 +24,8 @@ from nmt_cli.config import (
     TranslateConfig,
 )
 
+QUANTIZATIONS = ("int8", "int8_float16", "int8_float32", "float16", "bfloat16")  # CTranslate2's
+
 if TYPE_CHECKING:
     from nmt_cli.datadir import DataDir
 
@@ -280,6 +282,31 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
 
         pyplot()  # fail before translating anything when matplotlib is missing
     translate_file(list(models), input_path, output_path, config)
+
+
+@main.command()
+@click.option("-m", "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Checkpoint to export.")
+@click.option("--format", "fmt", type=click.Choice(["ctranslate2", "safetensors"]), required=True,
+              help="ctranslate2: a CTranslate2 model directory (needs ctranslate2); safetensors: one file.")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="Directory (ctranslate2) or .safetensors file.")
+@click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=None,
+              help="ctranslate2: store the weights in this type [default: float32].")
+def export(model: Path, fmt: str, output: Path, quantization: str | None) -> None:
+    """Export a checkpoint to CTranslate2 or safetensors, with its text pipeline."""
+    from nmt_cli.checkpoint import load, load_bundle
+    from nmt_cli.export import save_ctranslate2, save_safetensors
+
+    if fmt == "safetensors":
+        if quantization is not None:
+            raise click.UsageError("--quantization applies to --format ctranslate2")
+        if output.suffix != ".safetensors":
+            raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
+        save_safetensors(load(model), output)
+    else:
+        save_ctranslate2(load_bundle(model), output, quantization)
+    click.echo(f"exported {model} to {output} ({fmt})", err=True)
 
 
 @main.group()

@@ -31,20 +31,21 @@ SYMBOLS = "abcdefghijklmnop"
 
 
 def synthetic_pairs(n: int, seed: int, task: str = "reverse", min_len: int = 3, max_len: int = 8):
-    """Sequences of letters and their transduction: `reverse`, or `copy`."""
+    """Sequences of letters and their transduction: `reverse`, `copy`, or `upper` (copy in capitals:
+    another vocabulary)."""
     import random
 
     rng = random.Random(seed)
     pairs = []
     for _ in range(n):
         seq = [rng.choice(SYMBOLS) for _ in range(rng.randint(min_len, max_len))]
-        out = seq[::-1] if task == "reverse" else seq
+        out = seq[::-1] if task == "reverse" else [s.upper() for s in seq] if task == "upper" else seq
         pairs.append((" ".join(seq), " ".join(out)))
     return pairs
 
 
 def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, task: str = "reverse",
-                       seed: int = 0, **kwargs) -> Path:
+                       seed: int = 0, joined_dictionary: bool = True, **kwargs) -> Path:
     """A data directory made by `nmt preprocess` from a synthetic task (whitespace tokens, no BPE)."""
     from nmt_cli.config import PreprocessConfig, TextConfig
     from nmt_cli.preprocess import preprocess
@@ -57,7 +58,8 @@ def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, ta
         write_lines(raw / f"{split}.tgt", [t for _, t in pairs])
     dest = tmp_path / "data"
     preprocess(PreprocessConfig(TextConfig("src", "tgt", tokenizer="none"), dest, str(raw / "train"),
-                                 str(raw / "valid"), bpe_merges=0, workers=1, progress=False, max_len_ratio=10))
+                                 str(raw / "valid"), bpe_merges=0, workers=1, progress=False, max_len_ratio=10,
+                                 joined_dictionary=joined_dictionary))
     return dest
 
 

@@ -1,0 +1,114 @@
+"""`nmt export`: safetensors round trips byte-identically; CTranslate2 gives our log-probabilities,
+and our outputs where the search rules coincide: greedy search, for non-empty outputs that end
+with </s> (at the length limit we add </s> and count it, CTranslate2 cuts the hypothesis; it
+does not end before a first token). Beam search without a length penalty agrees on most."""
+
+import json
+import struct
+
+import ctranslate2
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import synthetic_data_dir, tiny_checkpoint
+
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.cli import main
+from nmt_cli.config import PRESETS, SearchConfig, TrainConfig
+from nmt_cli.search import Ensemble, beam_search
+from nmt_cli.train import TrainingRun
+from nmt_cli.vocab import EOS_ID, PAD_ID
+
+LINES = ["a b c d", "p o n m l k", "e", "f g h i j k l m n o p a b c", "c c c", "h a"]
+SYMBOLS = list("abcdefghijklmnop")
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_safetensors_round_trip_translates_byte_identically(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt", seed=5)
+    assert run("export", "-m", model, "--format", "safetensors", "-o", tmp_path / "m.safetensors").exit_code == 0
+    outputs = []
+    for path in (model, tmp_path / "m.safetensors"):
+        result = CliRunner().invoke(main, ["translate", "-m", str(path), "--device", "cpu", "--format", "jsonl",
+                                           "--beam", "3", "--nbest", "2"], input="\n".join(LINES) + "\n")
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+    assert outputs[0] == outputs[1]
+    raw = (tmp_path / "m.safetensors").read_bytes()  # the header is JSON: any language can read it
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    description = json.loads(header["__metadata__"]["nmt_cli"])
+    assert description["src_vocab"][4:] == SYMBOLS and description["shared_vocab"] is True
+    stored = [name for name in ("src_embed.tokens.weight", "tgt_embed.tokens.weight") if name in header]
+    assert len(stored) == 1  # one matrix for source, target and projection (3-way tying): stored once
+
+
+def test_not_an_nmt_safetensors_file_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
+    result = run("translate", "-m", tmp_path / "x.safetensors")
+    assert result.exit_code == 1 and "without nmt-cli's description" in result.output
+    (tmp_path / "y.safetensors").write_bytes(b"garbage")
+    result = run("translate", "-m", tmp_path / "y.safetensors")
+    assert result.exit_code == 1 and "not a readable safetensors file" in result.output
+
+
+def trained(tmp_path, variant: dict, shared: bool) -> ckpt.ModelBundle:
+    """A tiny model trained for a few seconds to copy its input (in capitals with separate
+    vocabularies): its outputs end with </s>."""
+    data = synthetic_data_dir(tmp_path, n_train=300, n_valid=20, task="copy" if shared else "upper",
+                              joined_dictionary=shared)
+    model = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
+                                     max_positions=64, **variant)
+    config = TrainConfig(max_tokens=400, lr_schedule="inverse-sqrt", lr=3e-3, warmup=30, max_updates=60,
+                         device="cpu", threads=1, save_interval_minutes=1000.0)
+    TrainingRun(data, tmp_path / "ck", model, config, progress_bar=False).run()
+    return ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")
+
+
+VARIANTS = [({}, True), ({"norm": "pre"}, True), ({"positions": "learned"}, False),
+            ({"norm": "pre", "positions": "learned"}, False)]
+
+
+@pytest.mark.parametrize("variant, shared", VARIANTS)
+def test_ctranslate2_scores_and_searches_like_us(tmp_path, variant, shared):
+    from nmt_cli.export import save_ctranslate2
+
+    bundle = trained(tmp_path, variant, shared)
+    assert (bundle.src_vocab is bundle.tgt_vocab) == shared
+    save_ctranslate2(bundle, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
+    sources = [line.split() for line in (tmp_path / "raw/valid.src").read_text().splitlines()]
+    src = [bundle.src_vocab.encode(s) + [EOS_ID] for s in sources]
+    padded = torch.tensor([row + [PAD_ID] * (max(map(len, src)) - len(row)) for row in src])
+    for beam in (1, 4):  # greedy, and beam search without a length penalty: both rank by log-probability
+        config = SearchConfig(beam=beam, lenpen=0.0, max_len_a=1, max_len_b=5)
+        mine = [h[0] for h in beam_search(Ensemble([bundle.model]), padded, config)]
+        results = translator.translate_batch(sources, beam_size=beam, length_penalty=0.0, disable_unk=True,
+                                             max_decoding_length=64, suppress_sequences=[["<s>"], ["<pad>"]])
+        ended = [k for k, h in enumerate(mine) if 0 < len(h.tokens) < len(sources[k]) + 5]  # by </s>
+        assert len(ended) >= len(sources) // 2
+        same = [bundle.tgt_vocab.decode(mine[k].tokens) == results[k].hypotheses[0] for k in ended]
+        # greedy takes the same token at every step; CTranslate2's beam search renormalizes the
+        # probabilities after suppressing tokens (we do not), which can reorder close hypotheses
+        assert all(same) if beam == 1 else sum(same) >= 0.75 * len(same)
+    # the model's log-probability of each token of those outputs (and their </s>)
+    scored = translator.score_batch(sources, [bundle.tgt_vocab.decode(h.tokens) for h in mine])
+    for h, theirs in zip(mine, scored):
+        assert sum(theirs.log_probs) == pytest.approx(h.log_prob, abs=1e-3)
+
+
+def test_export_writes_the_text_pipeline_and_refuses_what_ctranslate2_cannot_hold(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    result = run("export", "-m", model, "--format", "ctranslate2", "-o", tmp_path / "ct2", "--quantization", "int8")
+    assert result.exit_code == 0, result.output
+    about = json.loads((tmp_path / "ct2/nmt-cli.json").read_text())
+    assert about["text_config"]["tokenizer"] == "none" and (tmp_path / "ct2/model.bin").is_file()
+    odd = tiny_checkpoint(tmp_path / "odd.pt", d_k=8, d_v=8)  # d_model 32, 2 heads: d_k would be 16
+    result = run("export", "-m", odd, "--format", "ctranslate2", "-o", tmp_path / "odd")
+    assert result.exit_code == 1 and "CTranslate2 needs d_k = d_v = d_model / heads" in result.output
+    result = run("export", "-m", model, "--format", "safetensors", "-o", tmp_path / "m.bin")
+    assert result.exit_code == 2 and "ends in .safetensors" in result.output
