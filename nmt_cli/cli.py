@@ -19,6 +19,7 @@ from nmt_cli.config import (
     ModelConfig,
     PreprocessConfig,
     SearchConfig,
+    ServeConfig,
     TextConfig,
     TrainConfig,
     TranslateConfig,
@@ -307,6 +308,22 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
     else:
         save_ctranslate2(load_bundle(model), output, quantization)
     click.echo(f"exported {model} to {output} ({fmt})", err=True)
+
+
+@main.command()
+@click.option("-m", "--model", "models", multiple=True, required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Checkpoint; repeat for an ensemble.")
+@config_options(ServeConfig)
+def serve(models: tuple[Path, ...], **options: Any) -> None:
+    """Serve translations over HTTP, batching concurrent requests (needs the serve extra)."""
+    from nmt_cli.checkpoint import load_bundle
+    from nmt_cli.device import select
+    from nmt_cli.serve import serve as run_server
+
+    config = build(ServeConfig, **options)
+    device, dtype = select(config.device, config.precision, config.threads)
+    run_server([load_bundle(path) for path in models], config, device, dtype)
 
 
 @main.group()

@@ -361,3 +361,23 @@ class TranslateConfig:
         if self.search.nbest > 1 and self.format == "text":
             raise ValueError(f"--nbest {self.search.nbest} needs --format jsonl: text output has one line per "
                              "input line (the best translation)")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`nmt serve` (serve.py): where to listen, what a request may hold, how requests are batched."""
+
+    host: str = _knob("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+    port: int = _knob(8080, "Port to listen on.", min=1)
+    max_sentences: int = _knob(1000, "Most sentences in one request.", min=1)
+    max_chars: int = _knob(10000, "Most characters in one sentence.", min=1)
+    batch_window_ms: float = _knob(5.0, "How long a request waits for others to be translated with it.", min=0.0)
+    batch_tokens: int = _knob(8000, "Most source words translated together.", min=1)
+    max_tokens: int = _knob(TranslateConfig.max_tokens, "Source tokens per search batch.", min=1)
+    drain_seconds: int = _knob(30, "On SIGTERM, how long the requests in flight may take to finish.", min=0)
+    device: str = _device_knob()
+    precision: str = _precision_knob()
+    threads: int | None = _threads_knob()
+
+    def __post_init__(self) -> None:
+        check_knobs(self)

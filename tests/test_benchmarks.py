@@ -77,3 +77,11 @@ def test_resume_paths():
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and lines[0].endswith("bit-identical")  # the same path: resume is exact
+
+
+def test_serve_load(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    levels = run("serve_load.py", "-m", model, "-i", source, "--clients", 1, 3, "--requests", 6, "--threads", 1)
+    assert [level["clients"] for level in levels] == [1, 3]
+    assert all(level["sentences_per_s"] > 0 and level["p99_ms"] >= level["p50_ms"] > 0 for level in levels)

@@ -1,0 +1,194 @@
+"""`nmt serve`: translation over HTTP (FastAPI + uvicorn, the `serve` extra).
+
+    POST /translate  {"text": ["A man.", ...], "beam": 4, "nbest": 1, "lenpen": 0.6}
+                     -> {"translations": ["Ein Mann.", ...]} (with nbest > 1 also "nbest": per
+                        sentence its hypotheses with "text", "score" and "log_prob")
+    GET /health      -> {"status": "ok", "requests": R, "searches": S}
+    GET /config      -> the model's architecture, text settings and vocabulary sizes
+
+Requests that arrive together are translated together: a batcher thread takes the first waiting
+request, waits up to --batch-window-ms for more with the same search options, up to
+--batch-tokens source words, and translates them in one call, so throughput under concurrency
+approaches `nmt translate` on a file. A bad request gets a 4xx with a one-line reason, and the
+server keeps serving; SIGTERM (or Ctrl-C) lets the requests in flight finish, then stops.
+"""
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from nmt_cli import NmtError
+from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.translate import Translator
+
+OPTIONS = ("beam", "nbest", "lenpen", "max_len_a", "max_len_b")
+
+
+class BadRequest(ValueError):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+@dataclass
+class Job:
+    search: SearchConfig
+    lines: list[str]
+    done: Future = field(default_factory=Future)
+
+
+def parse(body: Any, config: ServeConfig) -> tuple[SearchConfig, list[str]]:
+    """The search options and sentences of a /translate body; BadRequest names what is wrong."""
+    if not isinstance(body, dict) or not isinstance(body.get("text"), list):
+        raise BadRequest(400, 'the body must be a JSON object with "text": a list of sentences')
+    unknown = sorted(set(body) - {"text", *OPTIONS})
+    if unknown:
+        raise BadRequest(400, f"unknown option {unknown[0]!r} (known: text, {', '.join(OPTIONS)})")
+    lines = body["text"]
+    if len(lines) > config.max_sentences:
+        raise BadRequest(413, f"{len(lines)} sentences, more than the server's --max-sentences {config.max_sentences}")
+    for number, line in enumerate(lines, start=1):
+        if not isinstance(line, str) or "\n" in line:
+            raise BadRequest(400, f"sentence {number}: not a string of one line")
+        if len(line) > config.max_chars:
+            raise BadRequest(413, f"sentence {number}: {len(line)} characters, more than the server's "
+                                  f"--max-chars {config.max_chars}")
+    options = {key: body[key] for key in OPTIONS if key in body}
+    types = {f.name: f.type for f in fields(SearchConfig)}
+    for key, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (types[key] == "int" and
+                                                                              not isinstance(value, int)):
+            raise BadRequest(400, f"{key}: {json.dumps(value)} is not {'an integer' if types[key] == 'int' else 'a number'}")
+    try:
+        return SearchConfig(**options), lines
+    except ValueError as e:
+        raise BadRequest(400, str(e)) from None
+
+
+class TranslatorCache:
+    """A Translator per search options, all sharing the same loaded models."""
+
+    def __init__(self, bundles: list, device: Any, dtype: Any, max_tokens: int) -> None:
+        self.bundles, self.device, self.dtype, self.max_tokens = bundles, device, dtype, max_tokens
+        self.translators: dict[SearchConfig, Translator] = {}
+
+    def get(self, search: SearchConfig) -> Translator:
+        if search not in self.translators:
+            config = TranslateConfig(search, max_tokens=self.max_tokens, format="jsonl")
+            self.translators[search] = Translator(self.bundles, config, self.device, self.dtype)
+        return self.translators[search]
+
+
+class Batcher:
+    """One thread translating the waiting requests, those with the same search options together."""
+
+    def __init__(self, translators: TranslatorCache, config: ServeConfig) -> None:
+        self.translators, self.config = translators, config
+        self.queue: queue.Queue[Job | None] = queue.Queue()
+        self.held: deque[Job | None] = deque()  # taken from the queue, waiting for their options' turn
+        self.requests = self.searches = 0
+        self.thread = threading.Thread(target=self._loop, name="nmt-batcher", daemon=True)
+        self.thread.start()
+
+    def submit(self, search: SearchConfig, lines: list[str]) -> Future:
+        job = Job(search, lines)
+        self.requests += 1
+        self.queue.put(job)
+        return job.done
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while (first := self.held.popleft() if self.held else self.queue.get()) is not None:
+            group = [first] + self._gather(first)
+            lines = [line for request in group for line in request.lines]
+            try:
+                records = self.translators.get(first.search).translate_lines(lines)
+            except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
+                for request in group:
+                    request.done.set_exception(e)
+                continue
+            self.searches += 1
+            start = 0
+            for request in group:
+                request.done.set_result([json.loads(r) for r in records[start:start + len(request.lines)]])
+                start += len(request.lines)
+
+    def _gather(self, first: Job) -> list[Job]:
+        """The requests with `first`'s options that arrive within the window, up to the token budget."""
+        group: list[Job] = []
+        words = sum(len(line.split()) for line in first.lines)
+        deadline = time.monotonic() + self.config.batch_window_ms / 1000
+        while words < self.config.batch_tokens and (wait := deadline - time.monotonic()) > 0:
+            try:
+                request = self.queue.get(timeout=wait)
+            except queue.Empty:
+                break
+            if request is None or request.search != first.search:
+                self.held.append(request)  # None too: the loop ends after the held requests
+                if request is None:
+                    break
+                continue
+            group.append(request)
+            words += sum(len(line.split()) for line in request.lines)
+        return group
+
+
+def create_app(translators: TranslatorCache, config: ServeConfig) -> Any:
+    """The FastAPI application of `nmt serve`."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    batcher = Batcher(translators, config)
+    app = FastAPI(title="nmt-cli", on_shutdown=[batcher.close])
+    model = translators.bundles[0]
+
+    @app.post("/translate")
+    async def translate(request: Request) -> Any:
+        try:
+            try:
+                body = json.loads(await request.body())
+            except ValueError:
+                raise BadRequest(400, "the body is not JSON") from None
+            search, lines = parse(body, config)
+        except BadRequest as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
+        records = await asyncio.wrap_future(batcher.submit(search, lines))
+        answer: dict[str, Any] = {"translations": [r["translation"] for r in records]}
+        if search.nbest > 1:
+            answer["nbest"] = [[{k: h[k] for k in ("text", "score", "log_prob")} for h in r["nbest"]]
+                               for r in records]
+        return answer
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "requests": batcher.requests, "searches": batcher.searches}
+
+    @app.get("/config")
+    async def model_config() -> dict[str, Any]:
+        return {"model_config": model.model.config.to_dict(), "text_config": model.text.to_dict(),
+                "src_vocab_size": len(model.src_vocab), "tgt_vocab_size": len(model.tgt_vocab)}
+
+    return app
+
+
+def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
+    """Run the server until SIGTERM or Ctrl-C; requests in flight finish first."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise NmtError("nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'") from None
+    translators = TranslatorCache(bundles, device, dtype, config.max_tokens)
+    app = create_app(translators, config)
+    print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')})",
+          flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+                timeout_graceful_shutdown=config.drain_seconds)
