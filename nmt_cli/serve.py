@@ -60,11 +60,11 @@ def parse(body: Any, config: ServeConfig) -> tuple[SearchConfig, list[str]]:
             raise BadRequest(413, f"sentence {number}: {len(line)} characters, more than the server's "
                                   f"--max-chars {config.max_chars}")
     options = {key: body[key] for key in OPTIONS if key in body}
-    types = {f.name: f.type for f in fields(SearchConfig)}
+    integers = {f.name for f in fields(SearchConfig) if f.type == "int"}
     for key, value in options.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (types[key] == "int" and
-                                                                              not isinstance(value, int)):
-            raise BadRequest(400, f"{key}: {json.dumps(value)} is not {'an integer' if types[key] == 'int' else 'a number'}")
+        wanted = (int,) if key in integers else (int, float)
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            raise BadRequest(400, f"{key}: {json.dumps(value)} is not {'an integer' if key in integers else 'a number'}")
     try:
         return SearchConfig(**options), lines
     except ValueError as e:
