@@ -62,9 +62,9 @@ def parse(body: Any, config: ServeConfig) -> tuple[SearchConfig, list[str]]:
     options = {key: body[key] for key in OPTIONS if key in body}
     integers = {f.name for f in fields(SearchConfig) if f.type == "int"}
     for key, value in options.items():
-        wanted = (int,) if key in integers else (int, float)
+        wanted, kind = ((int,), "an integer") if key in integers else ((int, float), "a number")
         if isinstance(value, bool) or not isinstance(value, wanted):
-            raise BadRequest(400, f"{key}: {json.dumps(value)} is not {'an integer' if key in integers else 'a number'}")
+            raise BadRequest(400, f"{key}: {json.dumps(value)} is not {kind}")
     try:
         return SearchConfig(**options), lines
     except ValueError as e:
