@@ -10,7 +10,7 @@ import ctranslate2
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import synthetic_data_dir, tiny_checkpoint
+from conftest import block_import, synthetic_data_dir, tiny_checkpoint
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
@@ -112,3 +112,16 @@ def test_export_writes_the_text_pipeline_and_refuses_what_ctranslate2_cannot_hol
     assert result.exit_code == 1 and "CTranslate2 needs d_k = d_v = d_model / heads" in result.output
     result = run("export", "-m", model, "--format", "safetensors", "-o", tmp_path / "m.bin")
     assert result.exit_code == 2 and "ends in .safetensors" in result.output
+
+
+@pytest.mark.parametrize("package, command, message", [
+    ("ctranslate2", ["export", "--format", "ctranslate2", "-o", "OUT"], "needs CTranslate2: pip install"),
+    ("safetensors", ["export", "--format", "safetensors", "-o", "OUT.safetensors"], "need the safetensors package"),
+    ("uvicorn", ["serve"], "nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'"),
+])
+def test_a_missing_optional_package_is_named_with_how_to_install_it(tmp_path, monkeypatch, package, command, message):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    block_import(monkeypatch, package)
+    args = [str(tmp_path / a) if a.startswith("OUT") else a for a in command]
+    result = run(*args, "-m", model, *(["--device", "cpu"] if command == ["serve"] else []))
+    assert result.exit_code == 1 and message in result.output and len(result.output.strip().splitlines()) == 1
