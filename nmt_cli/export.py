@@ -174,5 +174,6 @@ def _text_files(bundle: ModelBundle, out: Path) -> None:
     search = SearchConfig()
     about = {"text_config": text.to_dict(), "steps": steps, "model_config": bundle.model.config.to_dict(),
              "search": {"beam_size": search.beam, "length_penalty": search.lenpen,
+                        "max_decoding_length": bundle.model.config.max_positions - 1,
                         "note": "nmt-cli divides scores by ((5 + |Y|) / 6)^alpha (GNMT); CTranslate2 by |Y|^alpha"}}
     (out / "nmt-cli.json").write_text(json.dumps(about, indent=2) + "\n", encoding="utf-8")
