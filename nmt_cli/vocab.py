@@ -39,7 +39,7 @@ class Vocabulary:
 
         `padding_factor`: append never-seen `madeupwordNNNN` entries (count 0) until the size is a
         multiple of it, as fairseq does: the embedding and pre-softmax matrices then have shapes
-        that matrix kernels run fastest on (Multi30k: 7,955 -> 7,960 entries).
+        that matrix kernels run fastest on.
         """
         ranked = sorted(((t, c) for t, c in counts.items() if c >= min_count and t not in SPECIALS),
                         key=lambda tc: (-tc[1], tc[0]))
