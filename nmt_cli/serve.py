@@ -16,6 +16,7 @@ server keeps serving; SIGTERM (or Ctrl-C) lets the requests in flight finish, th
 import asyncio
 import json
 import queue
+import socket
 import threading
 import time
 from collections import deque
@@ -25,6 +26,7 @@ from typing import Any
 
 from nmt_cli import NmtError
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.files import reason
 from nmt_cli.translate import Translator
 
 OPTIONS = ("beam", "nbest", "lenpen", "max_len_a", "max_len_b")
@@ -109,18 +111,18 @@ class Batcher:
     def _loop(self) -> None:
         while (first := self.held.popleft() if self.held else self.queue.get()) is not None:
             group = [first] + self._gather(first)
-            lines = [line for request in group for line in request.lines]
+            lines = [line for job in group for line in job.lines]
             try:
                 records = self.translators.get(first.search).translate_lines(lines)
             except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
-                for request in group:
-                    request.done.set_exception(e)
+                for job in group:
+                    job.done.set_exception(e)
                 continue
             self.searches += 1
             start = 0
-            for request in group:
-                request.done.set_result([json.loads(r) for r in records[start:start + len(request.lines)]])
-                start += len(request.lines)
+            for job in group:
+                job.done.set_result([json.loads(r) for r in records[start:start + len(job.lines)]])
+                start += len(job.lines)
 
     def _gather(self, first: Job) -> list[Job]:
         """The requests with `first`'s options that arrive within the window, up to the token budget."""
@@ -129,16 +131,16 @@ class Batcher:
         deadline = time.monotonic() + self.config.batch_window_ms / 1000
         while words < self.config.batch_tokens and (wait := deadline - time.monotonic()) > 0:
             try:
-                request = self.queue.get(timeout=wait)
+                job = self.queue.get(timeout=wait)
             except queue.Empty:
                 break
-            if request is None or request.search != first.search:
-                self.held.append(request)  # None too: the loop ends after the held requests
-                if request is None:
+            if job is None or job.search != first.search:
+                self.held.append(job)  # None too: the loop ends after the held jobs
+                if job is None:
                     break
                 continue
-            group.append(request)
-            words += sum(len(line.split()) for line in request.lines)
+            group.append(job)
+            words += sum(len(line.split()) for line in job.lines)
         return group
 
 
@@ -180,12 +182,22 @@ def create_app(translators: TranslatorCache, config: ServeConfig) -> Any:
     return app
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse, in one line, an address this process cannot listen on (in use, not ours)."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise NmtError(f"{host}:{port}: cannot listen there ({reason(e)}); choose another --host or --port") from None
+
+
 def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
     """Run the server until SIGTERM or Ctrl-C; requests in flight finish first."""
     try:
         import uvicorn
     except ImportError:
         raise NmtError("nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'") from None
+    check_address(config.host, config.port)
     translators = TranslatorCache(bundles, device, dtype, config.max_tokens)
     app = create_app(translators, config)
     print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')})",

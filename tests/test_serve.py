@@ -114,3 +114,13 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
         status, body = answer.result(timeout=60)
     assert status == 200 and len(body["translations"]) == len(LINES)
     assert process.wait(timeout=60) == 0
+
+
+def test_a_port_in_use_is_refused_in_one_line(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
+                               "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip().count("\n") == 0
+    assert f"127.0.0.1:{port}: cannot listen there (Address already in use)" in done.stderr
