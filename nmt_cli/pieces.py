@@ -40,8 +40,8 @@ def load_sentencepiece(model: bytes, source: str = "SentencePiece model") -> obj
     processor = sentencepiece.SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(model)
-    except (RuntimeError, TypeError, OSError) as e:
-        raise NmtError(f"{source}: not a SentencePiece model ({e})") from None
+    except (RuntimeError, TypeError, OSError):
+        raise NmtError(f"{source}: not a SentencePiece model (its protobuf does not parse)") from None
     ids = [processor.piece_to_id(piece) for piece in SPECIALS]
     if ids != list(range(len(SPECIALS))):
         raise NmtError(f"{source}: its special pieces {', '.join(SPECIALS)} have ids {ids}, not 0-3 "
