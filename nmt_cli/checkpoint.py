@@ -117,20 +117,25 @@ def load(path: Path) -> dict[str, Any]:
     if path.suffix == ".safetensors":
         from nmt_cli.export import load_safetensors
 
-        return load_safetensors(path)
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise NmtError(f"{path}: refused to load: not a plain nmt-cli checkpoint ({_refusal(e)})") from None
-    except Exception as e:  # garbage makes torch's safe unpickler fail in many ways (IndexError, KeyError, ...)
-        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise NmtError(f"{path}: unreadable or truncated checkpoint ({detail})") from None
+        checkpoint = load_safetensors(path)
+    else:
+        checkpoint = _torch_load(path)
     if not isinstance(checkpoint, dict) or "format_version" not in checkpoint:
         raise NmtError(f"{path}: not an nmt-cli checkpoint")
     if checkpoint["format_version"] != FORMAT_VERSION:
         raise NmtError(f"{path}: checkpoint format version {checkpoint['format_version']}, this nmt-cli "
                        f"{__version__} reads version {FORMAT_VERSION}")
     return checkpoint
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise NmtError(f"{path}: refused to load: not a plain nmt-cli checkpoint ({_refusal(e)})") from None
+    except Exception as e:  # garbage makes torch's safe unpickler fail in many ways (IndexError, KeyError, ...)
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise NmtError(f"{path}: unreadable or truncated checkpoint ({detail})") from None
 
 
 def build_model(checkpoint: dict[str, Any]) -> Transformer:
@@ -178,7 +183,7 @@ def average(paths: list[Path]) -> dict[str, Any]:
         other = load(path)
         for key in keys:
             if other.get(key) != first.get(key):
-                detail = _first_difference(first[key], other[key]) if isinstance(first[key], dict) else key
+                detail = _first_difference(first[key], other[key]) if isinstance(first.get(key), dict) else key
                 raise NmtError(f"{paths[0]} and {path} differ in {detail}: they are not the same model")
         for name, tensor in other["model"].items():
             if tensor.is_floating_point():

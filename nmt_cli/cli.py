@@ -31,11 +31,9 @@ if TYPE_CHECKING:
     from nmt_cli.datadir import DataDir
 
 
-def _click_type(cls: type, f: dataclasses.Field) -> click.ParamType:
-    meta = f.metadata
+def _click_type(hint: Any, meta: Any) -> click.ParamType:
     if "choices" in meta:
         return click.Choice(meta["choices"])
-    hint = typing.get_type_hints(cls)[f.name]
     if isinstance(hint, types.UnionType):  # `int | None`
         hint = next(t for t in typing.get_args(hint) if t is not type(None))
     if typing.get_origin(hint) is tuple:  # a repeatable flag
@@ -60,27 +58,28 @@ def config_options(cls: type, show_defaults: bool = True) -> Callable[[Callable]
     """One flag per field of a config dataclass that has help (`d_ff` -> `--d-ff`), its default,
     range and help taken from the field. Without `show_defaults` every flag defaults to None,
     meaning "keep the preset's value"."""
+    hints = typing.get_type_hints(cls)  # the annotations are strings (`from __future__ import annotations`)
 
     def decorate(command: Callable) -> Callable:
         for f in reversed(dataclasses.fields(cls)):
             if "help" in f.metadata:
-                command = _option(cls, f, show_defaults)(command)
+                command = _option(f, hints[f.name], show_defaults)(command)
         return command
 
     return decorate
 
 
-def _option(cls: type, f: dataclasses.Field, show_defaults: bool) -> Callable[[Callable], Callable]:
+def _option(f: dataclasses.Field, hint: Any, show_defaults: bool) -> Callable[[Callable], Callable]:
     meta = f.metadata
     names = list(meta.get("flags", ["--" + f.name.replace("_", "-")]))
     default = _default(f) if show_defaults else None
-    if f.type in (bool, "bool"):
+    if hint is bool:
         if "negation" in meta:
             names[-1] = f"{names[-1]}/{meta['negation']}"
             return click.option(*names, f.name, default=default, show_default=True, help=meta["help"])
         return click.option(*names, f.name, is_flag=True, default=None, help=meta["help"])
-    multiple = typing.get_origin(typing.get_type_hints(cls)[f.name]) is tuple
-    return click.option(*names, f.name, type=_click_type(cls, f), default=default, multiple=multiple,
+    return click.option(*names, f.name, type=_click_type(hint, meta), default=default,
+                        multiple=typing.get_origin(hint) is tuple,
                         required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
                         show_default=default not in (None, ()), help=meta["help"])
 

@@ -47,9 +47,9 @@ def save_safetensors(checkpoint: dict[str, Any], path: Path) -> None:
 
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
-    seen: dict[int, str] = {}
+    seen: dict[tuple[int, tuple[int, ...]], str] = {}
     for name, tensor in checkpoint["model"].items():
-        key = tensor.untyped_storage().data_ptr()
+        key = (tensor.data_ptr(), tuple(tensor.shape))  # the same tensor under two names
         if key in seen:
             aliases[name] = seen[key]
         else:
@@ -73,12 +73,15 @@ def load_safetensors(path: Path) -> dict[str, Any]:
         raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
     if "nmt_cli" not in metadata:
         raise NmtError(f"{path}: a safetensors file without nmt-cli's description (export it with `nmt export`)")
-    checkpoint = json.loads(metadata["nmt_cli"])
-    for name, original in json.loads(metadata.get("aliases", "{}")).items():
-        weights[name] = weights[original]
-    if checkpoint["sentencepiece"] is not None:
-        checkpoint["sentencepiece"] = base64.b64decode(checkpoint["sentencepiece"])
-    return {**checkpoint, "model": weights}
+    try:
+        checkpoint = json.loads(metadata["nmt_cli"])
+        for name, original in json.loads(metadata.get("aliases", "{}")).items():
+            weights[name] = weights[original]
+        if checkpoint.get("sentencepiece") is not None:
+            checkpoint["sentencepiece"] = base64.b64decode(checkpoint["sentencepiece"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise NmtError(f"{path}: nmt-cli's description in it is damaged ({type(e).__name__}: {e})") from None
+    return {**checkpoint, "model": weights}  # checkpoint.load checks the format version
 
 
 # ---------------------------------------------------------------------------- CTranslate2

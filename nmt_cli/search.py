@@ -109,11 +109,18 @@ def forced_tokens(step: int, limits: Tensor, soonest_limit: int, prefixes: Tenso
     return forced.repeat_interleave(width) if forced is not None else None
 
 
-def prefix_limits(limits: Tensor, prefixes: Tensor | None, max_positions: int) -> Tensor:
-    """Maximum lengths that leave room for each sentence's prefix and at least one more token."""
+def output_limits(src: Tensor, prefixes: Tensor | None, config: SearchConfig, max_positions: int) -> Tensor:
+    """Each sentence's most output tokens (`max_lengths`), with room for its prefix and at least
+    one more token."""
+    limits = max_lengths((src != PAD_ID).sum(1) - 1, config, max_positions)
     if prefixes is None:
         return limits
     return torch.maximum(limits, (prefixes >= 0).sum(1) + 1).clamp(max=max_positions - 1)
+
+
+def banned_tokens(config: SearchConfig) -> list[int]:
+    """Tokens a search never outputs: padding, BOS, and <unk> unless --allow-unk."""
+    return [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
 
 
 @torch.inference_mode()
@@ -122,8 +129,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
     """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first; each
     starts with its row of `prefixes` (target ids, -1 after the end) when given."""
     batch, beam, device = src.size(0), config.beam, src.device
-    limits = max_lengths((src != PAD_ID).sum(1) - 1, config, models.max_positions)  # of the active sentences
-    limits = prefix_limits(limits, prefixes, models.max_positions)
+    limits = output_limits(src, prefixes, config, models.max_positions)  # of the active sentences
     limit = limits.tolist()
     states = models.start(src)  # one encoder row per sentence, shared by its decoder rows
     active = list(range(batch))  # sentence ids of the rows still decoding, in row order
@@ -136,7 +142,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
     scores[:, 1:] = -math.inf  # identical beams: expand the first only
     history = torch.full((batch * width, 1), BOS_ID, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+    banned = banned_tokens(config)
     soonest_limit = min(limit)  # of the active sentences
 
     for step in range(max(limit) + 1):
@@ -186,11 +192,10 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     probable tokens or the nucleus of probability `sampling_topp` when given (back-translation).
     A sentence's samples are consecutive decoder rows; rows that finished wait for the others."""
     batch, n, device = src.size(0), config.nbest, src.device
-    limits = max_lengths((src != PAD_ID).sum(1) - 1, config, models.max_positions)
-    limits = prefix_limits(limits, prefixes, models.max_positions)
+    limits = output_limits(src, prefixes, config, models.max_positions)
     soonest_limit, states = int(limits.min()), models.start(src)
     k = min(config.sampling_topk or models.vocab_size, models.vocab_size)
-    banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+    banned = banned_tokens(config)
     history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(batch * n, device=device)
     length = torch.zeros(batch * n, dtype=torch.long, device=device)

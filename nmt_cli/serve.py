@@ -73,25 +73,11 @@ def parse(body: Any, config: ServeConfig) -> tuple[SearchConfig, list[str]]:
         raise BadRequest(400, str(e)) from None
 
 
-class TranslatorCache:
-    """A Translator per search options, all sharing the same loaded models."""
-
-    def __init__(self, bundles: list, device: Any, dtype: Any, max_tokens: int) -> None:
-        self.bundles, self.device, self.dtype, self.max_tokens = bundles, device, dtype, max_tokens
-        self.translators: dict[SearchConfig, Translator] = {}
-
-    def get(self, search: SearchConfig) -> Translator:
-        if search not in self.translators:
-            config = TranslateConfig(search, max_tokens=self.max_tokens, format="jsonl")
-            self.translators[search] = Translator(self.bundles, config, self.device, self.dtype)
-        return self.translators[search]
-
-
 class Batcher:
     """One thread translating the waiting requests, those with the same search options together."""
 
-    def __init__(self, translators: TranslatorCache, config: ServeConfig) -> None:
-        self.translators, self.config = translators, config
+    def __init__(self, translator: Translator, config: ServeConfig) -> None:
+        self.translator, self.config = translator, config
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.held: deque[Job | None] = deque()  # taken from the queue, waiting for their options' turn
         self.requests = self.searches = 0
@@ -113,7 +99,7 @@ class Batcher:
             group = [first] + self._gather(first)
             lines = [line for job in group for line in job.lines]
             try:
-                records = self.translators.get(first.search).translate_lines(lines)
+                records = self.translator.translate_records(lines, first.search)
             except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
                 for job in group:
                     job.done.set_exception(e)
@@ -121,7 +107,7 @@ class Batcher:
             self.searches += 1
             start = 0
             for job in group:
-                job.done.set_result([json.loads(r) for r in records[start:start + len(job.lines)]])
+                job.done.set_result(records[start:start + len(job.lines)])
                 start += len(job.lines)
 
     def _gather(self, first: Job) -> list[Job]:
@@ -144,14 +130,14 @@ class Batcher:
         return group
 
 
-def create_app(translators: TranslatorCache, config: ServeConfig) -> Any:
+def create_app(translator: Translator, config: ServeConfig) -> Any:
     """The FastAPI application of `nmt serve`."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
-    batcher = Batcher(translators, config)
+    batcher = Batcher(translator, config)
     app = FastAPI(title="nmt-cli", on_shutdown=[batcher.close])
-    model = translators.bundles[0]
+    model = translator.bundle
 
     @app.post("/translate")
     async def translate(request: Request) -> Any:
@@ -198,8 +184,8 @@ def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
     except ImportError:
         raise NmtError("nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'") from None
     check_address(config.host, config.port)
-    translators = TranslatorCache(bundles, device, dtype, config.max_tokens)
-    app = create_app(translators, config)
+    translator = Translator(bundles, TranslateConfig(max_tokens=config.max_tokens), device, dtype)
+    app = create_app(translator, config)
     print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')})",
           flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",

@@ -39,6 +39,7 @@ from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
 MAX_NONFINITE_IN_A_ROW = 5
+BETTER = {"nll": min, "bleu": max, "chrf": max, "ter": min}  # the better of two validation results
 
 
 class Stop(enum.Enum):
@@ -98,19 +99,18 @@ class Progress:
     def validated(self, result: dict[str, float], metric: str) -> bool:
         """Take a validation's result; returns whether it is the best so far by `metric`."""
         key = "nll" if metric == "ppl" else metric
-        lower_is_better = key in ("nll", "ter")
         so_far = getattr(self, f"best_valid_{key}")
-        best = result[key] < so_far if lower_is_better else result[key] > so_far
-        for name, better in (("nll", min), ("bleu", max), ("chrf", max), ("ter", min)):
+        best = BETTER[key](so_far, result[key]) != so_far  # strictly better
+        for name, better in BETTER.items():
             if name in result:
                 setattr(self, f"best_valid_{name}", better(getattr(self, f"best_valid_{name}"), result[name]))
         self.bad_validations = 0 if best else self.bad_validations + 1
         return best
 
 
-def check_lengths(data_dir: Path, train: ParallelData, valid: ParallelData | None, max_positions: int) -> None:
+def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:
     """Refuse data with a sequence longer than the model's positions, naming the valid pair."""
-    longest = int(max(train.src_lengths.max(), train.tgt_lengths.max()))
+    longest = max(int(max(train.src_lengths.max(), train.tgt_lengths.max())) for train in trains)
     if longest > max_positions:
         raise NmtError(f"{data_dir}: training has a sequence of {longest} tokens (EOS included), more than "
                        f"--max-positions {max_positions}; raise it or preprocess with a smaller --max-len")
@@ -171,8 +171,7 @@ def load_splits(data: DataDir, config: TrainConfig, pad_multiple: int, max_posit
     train = data.split("train")
     valid = data.split("valid") if data.has_split("valid") else None
     sampled = [data.split(name) for name in data.sampled_splits]
-    for split in [train, *sampled]:
-        check_lengths(data.path, split, valid, max_positions)
+    check_lengths(data.path, [train, *sampled], valid, max_positions)
     batches, valid_batches = make_batches(data.path, config, train, valid, pad_multiple)
     samples = [(sample, make_batches(data.path, config, sample, None, pad_multiple)[0]) for sample in sampled]
     return train, valid, batches, valid_batches, samples

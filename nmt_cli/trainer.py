@@ -102,8 +102,7 @@ class WeightAverage:
     @torch.no_grad()
     def update(self, step: int) -> None:
         weight = 1.0 - min(self.decay, (1 + step) / (10 + step))
-        for average, param in zip(self.average, self.params):
-            average.lerp_(param.float(), weight)
+        torch._foreach_lerp_(self.average, list(self.params), weight)  # one call for all weights (fp32, as they)
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:

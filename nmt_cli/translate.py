@@ -20,7 +20,7 @@ import torch
 
 from nmt_cli import NmtError, kernels
 from nmt_cli.checkpoint import ModelBundle, load_bundle
-from nmt_cli.config import TranslateConfig
+from nmt_cli.config import SearchConfig, TranslateConfig
 from nmt_cli.data import pad
 from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, replacing
@@ -51,7 +51,8 @@ class Translator:
         self.models = Ensemble(models)
         codes = first.bpe_codes if config.input_format == "raw" else None
         self.source = TextProcessor(first.text, first.text.source_lang, codes, first.sentencepiece)
-        self.target = TextProcessor(first.text, first.text.target_lang, codes, first.sentencepiece)  # for --prefix
+        target_codes = codes if config.prefix else None  # BPE on the target side only for --prefix
+        self.target = TextProcessor(first.text, first.text.target_lang, target_codes, first.sentencepiece)
         self.generator = torch.Generator(device)
         if config.search.seed is None:
             self.generator.seed()
@@ -80,10 +81,12 @@ class Translator:
             return " ".join(tokens).replace("@@ ", "").removesuffix("@@")
         return " ".join(tokens)
 
-    def translate_ids(self, sources: list[list[int]],
-                      prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    def translate_ids(self, sources: list[list[int]], prefixes: list[list[int]] | None = None,
+                      search: SearchConfig | None = None) -> list[list[Hypothesis]]:
         """Beam search (or sampling) over non-empty sources, batched by length, each output
-        starting with its prefix when given; results in input order."""
+        starting with its prefix when given; results in input order. `search` replaces the
+        configured search options (`nmt serve`'s per-request options)."""
+        search = search or self.config.search
         results: list[list[Hypothesis]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         for batch in self.batches(order, sources):
@@ -91,10 +94,10 @@ class Translator:
             forced = None
             if prefixes is not None and any(prefixes[i] for i in batch):
                 forced = pad([np.array(prefixes[i], dtype=np.int64) for i in batch], value=-1).to(self.device)
-            if self.config.search.sampling:
-                hyps = sample(self.models, src, self.config.search, self.generator, forced)
+            if search.sampling:
+                hyps = sample(self.models, src, search, self.generator, forced)
             else:
-                hyps = beam_search(self.models, src, self.config.search, forced)
+                hyps = beam_search(self.models, src, search, forced)
             for i, h in zip(batch, hyps):
                 results[i] = h
         return results
@@ -112,14 +115,26 @@ class Translator:
         if batch:
             yield batch
 
-    def translate_lines(self, lines: list[str], first_number: int = 1) -> list[str]:
-        """Output lines (text or JSON) for `lines`, numbered from `first_number` in warnings."""
+    def search_lines(self, lines: list[str], first_number: int = 1,
+                     search: SearchConfig | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+        """The source ids of `lines` (and of their prefixes, with --prefix) and their hypotheses;
+        lines are numbered from `first_number` in warnings."""
         pairs = [line.partition("\t")[::2] if self.config.prefix else (line, "") for line in lines]
         sources = [self.encode(src, first_number + k) if src.strip() else [] for k, (src, _) in enumerate(pairs)]
         prefixes = [self.encode(prefix, first_number + k, "target") if prefix.strip() else []
                     for k, (_, prefix) in enumerate(pairs)] if self.config.prefix else None
+        return sources, self.translate_ids(sources, prefixes, search)
+
+    def translate_records(self, lines: list[str], search: SearchConfig) -> list[dict[str, Any]]:
+        """The `--format jsonl` record of each line, searched with `search` (`nmt serve`)."""
+        sources, hypotheses = self.search_lines(lines, search=search)
+        return [self.record(k + 1, sources[k], hyps, None) for k, hyps in enumerate(hypotheses)]
+
+    def translate_lines(self, lines: list[str], first_number: int = 1) -> list[str]:
+        """Output lines (text or JSON) for `lines`, numbered from `first_number` in warnings."""
+        sources, hypotheses = self.search_lines(lines, first_number)
         outputs = []
-        for k, hyps in enumerate(self.translate_ids(sources, prefixes)):
+        for k, hyps in enumerate(hypotheses):
             number = first_number + k
             weights = self.attention(sources[k], hyps[0].tokens) if hyps and self.wants_attention else None
             if weights is not None and self.config.attention_plot is not None:

@@ -56,6 +56,19 @@ def test_not_an_nmt_safetensors_file_is_refused(tmp_path):
     assert result.exit_code == 1 and "not a readable safetensors file" in result.output
 
 
+@pytest.mark.parametrize("description, message", [
+    ("{not json", "nmt-cli's description in it is damaged"),
+    ('{"format_version": 99}', "checkpoint format version 99"),
+    ('["a list"]', "nmt-cli's description in it is damaged"),
+])
+def test_a_damaged_or_newer_description_is_refused(tmp_path, description, message):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "x.safetensors"), metadata={"nmt_cli": description})
+    result = run("translate", "-m", tmp_path / "x.safetensors")
+    assert result.exit_code == 1 and message in result.output and len(result.output.strip().splitlines()) == 1
+
+
 def trained(tmp_path, variant: dict, shared: bool) -> ckpt.ModelBundle:
     """A tiny model trained for a few seconds to copy its input (in capitals with separate
     vocabularies): its outputs end with </s>."""

@@ -82,6 +82,9 @@ def test_preprocess_train_and_translate_with_sentencepiece(corpus, tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--subword", "sentencepiece"], "--subword sentencepiece needs --vocab-size N"),
     (["--sentencepiece-model", "SELF"], "--sentencepiece-model needs --subword sentencepiece"),
+    (["--sentencepiece-samples", "2"], "--sentencepiece-samples needs --subword sentencepiece"),
+    (["--subword", "sentencepiece", "--vocab-size", "100", "--bpe-codes", "SELF"],
+     "--bpe-codes applies to --subword bpe, not sentencepiece"),
 ])
 def test_missing_or_misplaced_sentencepiece_options_are_refused(corpus, tmp_path, flags, message):
     flags = [str(corpus / "train.en") if flag == "SELF" else flag for flag in flags]
@@ -137,3 +140,13 @@ def test_training_takes_a_sampled_segmentation_per_epoch_and_resumes_exactly(cor
     a = ckpt.load(tmp_path / "straight/checkpoint_last.pt")["model"]
     b = ckpt.load(tmp_path / "resumed/checkpoint_last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_without_training_data_a_model_and_vocabulary_must_be_given(corpus, tmp_path):
+    result = run("preprocess", "-s", "en", "-t", "de", "--testpref", corpus / "val", "--destdir", tmp_path / "d",
+                 "--subword", "sentencepiece", "--srcdict", corpus / "val.en", "--quiet")
+    assert result.exit_code == 1 and "give --srcdict (and --sentencepiece-model)" in result.output
+    result = run("preprocess", "-s", "en", "-t", "de", "--testpref", corpus / "val", "--destdir", tmp_path / "d",
+                 "--subword", "sentencepiece", "--sentencepiece-samples", 2, "--sentencepiece-model", corpus / "val.en",
+                 "--srcdict", corpus / "val.en", "--quiet")
+    assert result.exit_code == 1 and "--sentencepiece-samples samples the training split" in result.output

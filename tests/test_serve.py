@@ -41,9 +41,10 @@ def request(url: str, body: object = None) -> tuple[int, dict]:
 def start(tmp_path, *options):
     model = tiny_checkpoint(tmp_path / "m.pt", seed=3)
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
-                                "--device", "cpu", "--threads", "1", *map(str, options)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "serve.log"  # a file, not a pipe nobody reads
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
+                                    "--device", "cpu", "--threads", "1", *map(str, options)], stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -53,7 +54,8 @@ def start(tmp_path, *options):
         except OSError:
             time.sleep(0.2)
     process.kill()
-    raise AssertionError(f"the server did not start: {process.communicate()[1][-2000:]}")
+    process.wait()
+    raise AssertionError(f"the server did not start: {log.read_text()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
