@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from nmt_cli import NmtError, __version__
 from nmt_cli.config import ModelConfig, TextConfig
@@ -138,11 +139,27 @@ def _torch_load(path: Path) -> Any:
         raise NmtError(f"{path}: unreadable or truncated checkpoint ({detail})") from None
 
 
+class _NoDraws(TorchFunctionMode):
+    """Skips `normal_` on meta tensors: there is nothing to draw, and PyTorch's meta `normal_`
+    imports torch._dynamo (over a second) on its first call."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if func in (torch.nn.init.normal_, torch.Tensor.normal_):
+            tensor = args[0] if args else kwargs["tensor"]
+            if tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 def build_model(checkpoint: dict[str, Any]) -> Transformer:
+    """The checkpoint's model, holding the loaded tensors themselves. It is built on the meta
+    device first: a random initialization would only be overwritten (seconds for `big`)."""
     config = ModelConfig.from_dict(checkpoint["model_config"])
-    model = Transformer(config, len(checkpoint["src_vocab"]), len(checkpoint["tgt_vocab"]), PAD_ID,
-                        checkpoint["shared_vocab"])
-    model.load_state_dict(checkpoint["model"])
+    with torch.device("meta"), _NoDraws():
+        model = Transformer(config, len(checkpoint["src_vocab"]), len(checkpoint["tgt_vocab"]), PAD_ID,
+                            checkpoint["shared_vocab"])
+    model.load_state_dict(checkpoint["model"], assign=True)
     return model
 
 

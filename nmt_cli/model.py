@@ -21,11 +21,12 @@ from nmt_cli.kernels import Dropout, written_out_attention
 
 
 def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
-    """Sinusoidal positions, §3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
-    position = torch.arange(offset, offset + length, dtype=torch.float64).unsqueeze(1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    """Sinusoidal positions, §3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...).
+    Computed on the CPU, also while a model is built on the meta device (checkpoint.build_model)."""
+    position = torch.arange(offset, offset + length, dtype=torch.float64, device="cpu").unsqueeze(1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")
     angle = position / torch.pow(10000.0, two_i / d_model)
-    pe = torch.zeros(length, d_model, dtype=torch.float64)
+    pe = torch.zeros(length, d_model, dtype=torch.float64, device="cpu")
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return pe.float()

@@ -2,8 +2,9 @@
 length = input length + 50, early stopping).
 
 Batched: the encoder runs once per batch, and a sentence's beams share its encoder keys/values
-(they are never copied per beam); sentences leave the batch as soon as they are done. A
-hypothesis's score is its log-probability divided by the GNMT length penalty
+(they are never copied per beam); sentences leave the batch when the host reads that they are
+done (after every step on the CPU, every few steps on a GPU: `Finished` keeps the bookkeeping on
+the device). A hypothesis's score is its log-probability divided by the GNMT length penalty
 lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting the EOS.
 
 A sentence is done when (a) `beam` hypotheses have finished (an EOS among the top `beam`
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.kernels import search_projection, top_k
+from nmt_cli.kernels import search_projection, steps_between_reads, top_k
 from nmt_cli.model import DecoderState, Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -59,7 +60,7 @@ class Ensemble:
     def start(self, src: Tensor) -> list[DecoderState]:
         return [model.init_state(*model.encode(src)) for model in self.models]
 
-    def top_tokens(self, tokens: Tensor, states: list[DecoderState], k: int, banned: list[int],
+    def top_tokens(self, tokens: Tensor, states: list[DecoderState], k: int, banned: Tensor,
                    forced: Tensor | None) -> tuple[Tensor, Tensor]:
         """Log-probabilities and ids (rows, k), best first, of the k most probable next tokens of
         each row, never a `banned` one; a row whose `forced` entry is a token id (not -1) can
@@ -88,7 +89,7 @@ class Ensemble:
         return torch.cat(values), torch.cat(indices)
 
 
-def _force(lp: Tensor, forced: Tensor, banned: list[int]) -> None:
+def _force(lp: Tensor, forced: Tensor, banned: Tensor) -> None:
     """Ban `banned` tokens, and on rows with a forced token (>= 0) every other token, in place."""
     column = forced.clamp(min=0).unsqueeze(1)
     own = lp.gather(1, column)  # a forced token keeps its log-probability even if banned (<unk> in a prefix)
@@ -118,70 +119,152 @@ def output_limits(src: Tensor, prefixes: Tensor | None, config: SearchConfig, ma
     return torch.maximum(limits, (prefixes >= 0).sum(1) + 1).clamp(max=max_positions - 1)
 
 
-def banned_tokens(config: SearchConfig) -> list[int]:
+def banned_tokens(config: SearchConfig, device: torch.device) -> Tensor:
     """Tokens a search never outputs: padding, BOS, and <unk> unless --allow-unk."""
-    return [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+    return torch.tensor([PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID]), device=device)
+
+
+class Finished:
+    """The hypotheses each sentence of a search has finished, kept on the search's device so that
+    a step reads nothing back to the host. A sentence has 2 * beam slots: it stops collecting
+    once it holds `beam`, and one step adds at most `beam`. One more slot takes the writes of the
+    candidates that did not finish. Scores are float64, as the host's floats were, so that the
+    stopping test and the final order are those of a search kept on the host."""
+
+    def __init__(self, batch: int, beam: int, max_len: int, device: torch.device) -> None:
+        self.spare = 2 * beam  # the slot that takes the writes of unfinished candidates
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.score = torch.full((batch, self.spare + 1), -math.inf, dtype=torch.float64, device=device)
+        self.log_prob = torch.zeros_like(self.score)
+        self.length = torch.zeros(batch, self.spare + 1, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(batch, self.spare + 1, max_len, dtype=torch.long, device=device)
+
+    def add(self, sentences: Tensor, is_new: Tensor, log_probs: Tensor, tokens: Tensor, penalty: float) -> None:
+        """Candidates `is_new` (sentences, beam) finish with `log_probs` and `tokens` (sentences,
+        beam, step), each sentence's in order of rank; `sentences` are their sentence ids."""
+        slot = torch.where(is_new, self.count[sentences].unsqueeze(1) + is_new.cumsum(1) - 1, self.spare)
+        where = (sentences.unsqueeze(1).expand_as(slot), slot)
+        log_probs = log_probs.double()
+        self.score.index_put_(where, log_probs / penalty)
+        self.log_prob.index_put_(where, log_probs)
+        self.length[where] = tokens.size(2)
+        self.tokens[:, :, : tokens.size(2)].index_put_(where, tokens)
+        self.count.index_add_(0, sentences, is_new.sum(1))
+
+    def done(self, sentences: Tensor, best_live: Tensor, bound: Tensor, config: SearchConfig) -> Tensor:
+        """Whether each of `sentences` is done by (a) or (b) of the module docstring, given its
+        best live log-probability and the length penalty of its longest output (`bound`)."""
+        count = self.count[sentences]
+        nth_best = self.score[sentences, : self.spare].topk(config.nbest, dim=1).values[:, -1]
+        return (count >= config.beam) | ((count >= config.nbest) & (best_live.double() / bound <= nth_best))
+
+    def hypotheses(self, nbest: int) -> list[list[Hypothesis]]:
+        """Each sentence's `nbest` best hypotheses, best first (the earlier on equal scores): one
+        read back to the host."""
+        count, score, log_prob, length, tokens = (
+            x.cpu() for x in (self.count, self.score, self.log_prob, self.length, self.tokens))
+        out = []
+        for s, n in enumerate(count.tolist()):
+            hyps = [Hypothesis(tokens[s, i, :size].tolist(), sc, lp)
+                    for i, (size, sc, lp) in enumerate(zip(length[s, :n].tolist(), score[s, :n].tolist(),
+                                                            log_prob[s, :n].tolist()))]
+            out.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+        return out
+
+
+@dataclass
+class Beams:
+    """The live hypotheses of the sentences still in the batch, a sentence's rows together."""
+
+    scores: Tensor  # (sentences, rows per sentence): log-probabilities
+    history: Tensor  # (sentences * rows per sentence, step + 1): tokens, BOS first
+    sentences: Tensor  # (sentences,): their ids in the batch
+    limits: Tensor  # (sentences,): most output tokens
+    bound: Tensor  # (sentences,): the length penalty of the longest output
+    done: Tensor  # (sentences,): done at a step since the last read
+    prefixes: Tensor | None
+    host_limits: list[int]  # `limits` of the sentences on the host
+
+    def keep(self, rows: list[int], origin: Tensor) -> tuple[Tensor, Tensor]:
+        """Keep only the sentences at `rows`; returns their index and their rows of `origin`."""
+        index = torch.tensor(rows, device=self.scores.device)
+        n, beam = self.scores.shape
+        self.scores, self.sentences, self.limits, self.bound, self.done = (
+            x[index] for x in (self.scores, self.sentences, self.limits, self.bound, self.done))
+        self.history = self.history.view(n, beam, -1)[index].view(len(rows) * beam, -1)
+        self.prefixes = self.prefixes[index] if self.prefixes is not None else None
+        self.host_limits = [self.host_limits[r] for r in rows]
+        return index, origin.view(n, beam)[index].view(-1)
+
+
+def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams, step: int, beam: int,
+                     k: int, banned: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sentence's 2 * beam best one-token continuations, best first: their log-probabilities,
+    rows (of the sentence) and tokens."""
+    n, width = beams.scores.shape
+    forced = forced_tokens(step, beams.limits, min(beams.host_limits), beams.prefixes, width)
+    # The best of a sentence's width * vocab candidates are among the k best tokens of each of its
+    # rows: add the row scores to those only (not to every vocabulary entry).
+    token_lprobs, tokens = models.top_tokens(beams.history[:, -1], states, k, banned, forced)
+    candidates = (beams.scores.unsqueeze(2) + token_lprobs.view(n, width, k)).view(n, -1)
+    top_scores, top = candidates.topk(min(2 * beam, width * k), dim=1)
+    return top_scores, top // k, tokens.view(n, -1).gather(1, top)
 
 
 @torch.inference_mode()
 def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
                 prefixes: Tensor | None = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first; each
-    starts with its row of `prefixes` (target ids, -1 after the end) when given."""
+    starts with its row of `prefixes` (target ids, -1 after the end) when given.
+
+    Every step's bookkeeping stays on the device; the host reads which sentences are done only
+    every `kernels.steps_between_reads` steps, and then drops them from the batch (a sentence
+    done meanwhile keeps decoding, and what it finds is ignored)."""
     batch, beam, device = src.size(0), config.beam, src.device
-    limits = output_limits(src, prefixes, config, models.max_positions)  # of the active sentences
+    limits = output_limits(src, prefixes, config, models.max_positions)
     limit = limits.tolist()
-    states = models.start(src)  # one encoder row per sentence, shared by its decoder rows
-    active = list(range(batch))  # sentence ids of the rows still decoding, in row order
     # The first step has one row per sentence (all its beams would be the same BOS prefix); the
     # sentence's `beam` rows come from its best continuations. Not when the vocabulary cannot
     # fill a beam from one row.
     k = min(2 * beam, models.vocab_size)
-    width = 1 if k >= beam else beam  # decoder rows per sentence at this step
+    width = 1 if k >= beam else beam
     scores = torch.zeros(batch, width, device=device)
     scores[:, 1:] = -math.inf  # identical beams: expand the first only
-    history = torch.full((batch * width, 1), BOS_ID, dtype=torch.long, device=device)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    banned = banned_tokens(config)
-    soonest_limit = min(limit)  # of the active sentences
+    # A live hypothesis can beat a finished score only if its log-probability over the penalty of
+    # its sentence's longest output does.
+    bound = torch.tensor([length_penalty(n + 1, config.lenpen) for n in limit], dtype=torch.float64, device=device)
+    beams = Beams(scores, torch.full((batch * width, 1), BOS_ID, device=device), torch.arange(batch, device=device),
+                  limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
+    states = models.start(src)  # one encoder row per sentence, shared by its decoder rows
+    finished = Finished(batch, beam, max(limit) + 1, device)
+    banned, read_every = banned_tokens(config, device), steps_between_reads(device)
 
     for step in range(max(limit) + 1):
-        forced = forced_tokens(step, limits, soonest_limit, prefixes, width)
-        # The 2*beam best of the width*vocab candidates of a sentence are among the k best tokens
-        # of each of its rows: add the row scores to those only (not to every vocabulary entry).
-        n = len(active)
-        token_lprobs, tokens = models.top_tokens(history[:, -1], states, k, banned, forced)
-        candidates = (scores.unsqueeze(2) + token_lprobs.view(n, width, k)).view(n, -1)
-        top_scores, top = candidates.topk(min(2 * beam, width * k), dim=1)
-        top_row, top_token = top // k, tokens.view(n, -1).gather(1, top)
+        n, width = beams.scores.shape
+        top_scores, top_row, top_token = _best_candidates(models, states, beams, step, beam, k, banned)
         is_eos = top_token == EOS_ID
-
-        _collect_finished(finished, active, history, is_eos[:, :beam], top_scores[:, :beam], top_row, width,
-                          length_penalty(step + 1, config.lenpen))
-
+        # Finished: EOS among the top `beam` candidates, of a sentence not done before.
+        is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)
+        ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row[:, :beam], 1:]
+        finished.add(beams.sentences, is_new, top_scores[:, :beam], ended, length_penalty(step + 1, config.lenpen))
         # The `beam` best continuations that are not EOS.
         live = top_scores.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
-        scores = live.values
+        beams.scores = live.values
         origin = (torch.arange(n, device=device).unsqueeze(1) * width + top_row.gather(1, live.indices)).view(-1)
-        history = torch.cat([history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
-        width = beam
-
-        best_live = scores.max(dim=1).values.tolist()  # one transfer per step
-        keep = [r for r, s in enumerate(active) if not _done(finished[s], best_live[r], step, limit[s], config)]
-        if not keep:
-            break
+        beams.history = torch.cat([beams.history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
+        beams.done |= (beams.limits <= step) | finished.done(beams.sentences, beams.scores.max(dim=1).values,
+                                                             beams.bound, config)
         index = None
-        if len(keep) < n:
-            index = torch.tensor(keep, device=device)
-            scores, limits, active = scores[index], limits[index], [active[r] for r in keep]
-            prefixes = prefixes[index] if prefixes is not None else None
-            soonest_limit = min(limit[s] for s in active)
-            origin = origin.view(n, beam)[index].view(-1)
-            history = history.view(n, beam, -1)[index].view(len(keep) * beam, -1)
+        if (step + 1) % read_every == 0:
+            keep = [r for r, is_done in enumerate(beams.done.tolist()) if not is_done]
+            if not keep:
+                break
+            if len(keep) < n:
+                index, origin = beams.keep(keep, origin)
         for state in states:
             state.reorder(origin, index)
 
-    return [sorted(hyps, key=lambda h: -h.score)[: config.nbest] for hyps in finished]
+    return finished.hypotheses(config.nbest)
 
 
 @torch.inference_mode()
@@ -190,12 +273,13 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     """`nbest` independent samples for each row of `src`, best first by score (--sampling): each
     token drawn from the model's distribution at `temperature`, among the `sampling_topk` most
     probable tokens or the nucleus of probability `sampling_topp` when given (back-translation).
-    A sentence's samples are consecutive decoder rows; rows that finished wait for the others."""
+    A sentence's samples are consecutive decoder rows; rows that finished wait for the others
+    (the host reads whether all have finished every `kernels.steps_between_reads` steps)."""
     batch, n, device = src.size(0), config.nbest, src.device
     limits = output_limits(src, prefixes, config, models.max_positions)
     soonest_limit, states = int(limits.min()), models.start(src)
     k = min(config.sampling_topk or models.vocab_size, models.vocab_size)
-    banned = banned_tokens(config)
+    banned, read_every = banned_tokens(config, device), steps_between_reads(device)
     history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(batch * n, device=device)
     length = torch.zeros(batch * n, dtype=torch.long, device=device)
@@ -215,7 +299,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
         length += ~done
         done |= token == EOS_ID
         history = torch.cat([history, token.unsqueeze(1)], dim=1)
-        if bool(done.all()):
+        if (step + 1) % read_every == 0 and bool(done.all()):
             break
     samples = [Hypothesis(history[row, 1:size].tolist(), lp / length_penalty(size, config.lenpen), lp)
                for row, (size, lp) in enumerate(zip(length.tolist(), log_prob.tolist()))]
@@ -229,23 +313,3 @@ def _draw(lp: Tensor, config: SearchConfig, generator: torch.Generator, count: i
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs.cumsum(-1) - probs >= config.sampling_topp, -math.inf)
     return torch.multinomial(logits.softmax(-1), count, replacement=True, generator=generator)
-
-
-def _collect_finished(finished: list[list[Hypothesis]], active: list[int], history: Tensor, is_eos: Tensor,
-                      scores: Tensor, top_row: Tensor, width: int, penalty: float) -> None:
-    """Finished hypotheses: EOS among the top `beam` candidates of a step (`is_eos`, `scores`)."""
-    eos_rows, eos_cols = torch.nonzero(is_eos & scores.isfinite(), as_tuple=True)
-    if len(eos_rows):
-        rows = (eos_rows * width + top_row[eos_rows, eos_cols]).tolist()
-        log_probs = scores[eos_rows, eos_cols].tolist()
-        for r, row, lp in zip(eos_rows.tolist(), rows, log_probs):
-            finished[active[r]].append(Hypothesis(history[row, 1:].tolist(), lp / penalty, lp))
-
-
-def _done(finished: list[Hypothesis], best_live: float, step: int, limit: int, config: SearchConfig) -> bool:
-    if step >= limit or len(finished) >= config.beam:
-        return True
-    if len(finished) < config.nbest:
-        return False
-    nth_best = sorted(h.score for h in finished)[-config.nbest]
-    return best_live / length_penalty(limit + 1, config.lenpen) <= nth_best

@@ -10,6 +10,9 @@ from conftest import tiny_checkpoint
 from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
+from nmt_cli.config import ModelConfig
+from nmt_cli.model import Transformer
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 def test_round_trip_rebuilds_the_model(tmp_path):
@@ -18,6 +21,24 @@ def test_round_trip_rebuilds_the_model(tmp_path):
     saved = ckpt.load(path)["model"]
     assert all(torch.equal(v, saved[k]) for k, v in bundle.model.state_dict().items())
     assert bundle.text.tokenizer == "none" and len(bundle.src_vocab) == 20
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_a_loaded_model_is_the_saved_one_and_is_never_randomly_initialized(tmp_path, monkeypatch, positions):
+    path = tiny_checkpoint(tmp_path / "a.pt", positions=positions)
+    saved = ckpt.load(path)
+    reference = Transformer(ModelConfig.from_dict(saved["model_config"]), 20, 20, PAD_ID, True).eval()
+    reference.load_state_dict(saved["model"])
+    initialized = []
+    xavier = torch.nn.init.xavier_uniform_
+    monkeypatch.setattr(torch.nn.init, "xavier_uniform_",
+                        lambda t, *args, **kw: initialized.append(t.device.type) or xavier(t, *args, **kw))
+    model = ckpt.load_bundle(path).model
+    assert initialized and set(initialized) == {"meta"}
+    assert all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
+    assert model.src_embed.tokens.weight is model.tgt_embed.tokens.weight  # still one shared matrix
+    src, tgt_in = torch.tensor([[5, 6, 7, EOS_ID]]), torch.tensor([[BOS_ID, 8, 9]])
+    assert torch.equal(model(src, tgt_in), reference(src, tgt_in))
 
 
 class Boom:

@@ -285,3 +285,69 @@ def test_sampling_keeps_to_prefixes():
     samples = search.sample(Ensemble([model]), sources([[5, 6], [7]], 12), config, seeded(3),
                             prefix_tensor([[9, 10], [4]]))
     assert all(h.tokens[:2] == [9, 10] for h in samples[0]) and all(h.tokens[:1] == [4] for h in samples[1])
+
+
+SYNCING_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
+               torch.ops.aten.is_nonzero.default, torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default}
+
+
+def steps_and_reads(monkeypatch, models, run):
+    """The events of `run()`, in order: "step" for each step of the search (a call of
+    `models.top_tokens`), "read" for each read back to the host (tolist, item, bool, nonzero,
+    boolean indexing), the reads that make the host wait for a GPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    events = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            masks = func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool
+                                                                for i in args[1])
+            if func in SYNCING_OPS or masks:
+                events.append("read")
+            return func(*args, **(kwargs or {}))
+
+    tolist, top_tokens = torch.Tensor.tolist, models.top_tokens
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: events.append("read") or tolist(self))
+    monkeypatch.setattr(models, "top_tokens", lambda *args: events.append("step") or top_tokens(*args))
+    with Reads():
+        result = run()
+    monkeypatch.undo()
+    return result, events
+
+
+def reads_after_each_step(events):
+    """How many reads follow each step before the next one (not the last step: the results' transfer)."""
+    counts = []
+    for event in events[events.index("step"):]:
+        if event == "step":
+            counts.append(0)
+        else:
+            counts[-1] += 1
+    return counts[:-1]
+
+
+@pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.parametrize("sampling", [False, True])
+def test_the_host_reads_the_search_state_only_every_few_steps(monkeypatch, every, sampling):
+    """A step's bookkeeping stays on the device: the host reads which sentences are done once
+    every `steps_between_reads` steps (a GPU waits at each read), and the search is the same."""
+    models = Ensemble([random_model(12, 9, scale=2.0)])
+    rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5], [6], [7, 8, 9, 10, 11, 4, 5, 6, 7]]
+    config = SearchConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=4, sampling=sampling, temperature=2.0)
+    prefixes = prefix_tensor([[9], [], [4, 5], []])
+
+    def run():
+        if sampling:
+            return search.sample(models, sources(rows, 12), config, seeded(4), prefixes)
+        return beam_search(models, sources(rows, 12), config, prefixes)
+
+    expected = run()
+    monkeypatch.setattr(search, "steps_between_reads", lambda device: every)
+    hyps, events = steps_and_reads(monkeypatch, models, run)
+    reads = reads_after_each_step(events)
+    assert len(reads) >= 2 * every
+    assert reads == [int((step + 1) % every == 0) for step in range(len(reads))]
+    assert [[h.tokens for h in s] for s in hyps] == [[h.tokens for h in s] for s in expected]
+    assert [h.score for s in hyps for h in s] == pytest.approx([h.score for s in expected for h in s], abs=1e-5)
+    assert all(len(s) == 2 for s in hyps)
