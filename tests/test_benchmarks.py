@@ -34,8 +34,10 @@ def test_train_speed(tmp_path):
 def test_decode_speed(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
-    (result,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1)
+    (result,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1,
+                    "--profile", tmp_path / "profile.txt")
     assert result["sentences"] == 3 and result["target_tokens_per_s"] > 0 and 0 <= result["bleu"] <= 100
+    assert result["device_busy"] is None and "aten::" in (tmp_path / "profile.txt").read_text()
 
 
 def test_gpu_speed_runs_its_code_path_on_the_cpu():
@@ -92,3 +94,13 @@ def test_ctranslate2_decode_speed(tmp_path):
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
     (result,) = run("ctranslate2_decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1)
     assert result["sentences"] == 3 and result["max_token_logprob_difference"] < 1e-4
+
+
+def test_translate_startup(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    (result,) = run("translate_startup.py", "-m", model, "-i", source, "--lines", 2, "--rounds", 1)
+    assert result["lines"] == 2 and len(result["seconds"]) == 1 and result["median_s"] > 0
+    assert list(result["stages_s"]) == ["import_torch", "import_nmt_cli", "select_device", "load_checkpoint",
+                                        "build_translator", "translate"]
+    assert result["stages_s"]["import_torch"] > 0  # measured in a process that had not imported it yet

@@ -1,16 +1,21 @@
-"""Training on a CUDA GPU: bf16 against fp32, resume, a GPU checkpoint on a CPU, the loss on the GPU.
+"""On a CUDA GPU: training in bf16 against fp32, resume, a GPU checkpoint on a CPU, the loss; the
+search's results and its reads back to the host.
 
 Skipped where there is no CUDA device (the CPU paths are covered by test_train.py).
 """
+
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from conftest import synthetic_data_dir
+from test_search import random_model, sources
 from test_train import LEARNER, LEARNER_RECIPE, TINY, run_training
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.search import Ensemble, beam_search
 from nmt_cli.trainer import Runtime, Trainer, label_smoothed_loss
 from nmt_cli.translate import Translator
 from nmt_cli.vocab import PAD_ID
@@ -86,3 +91,33 @@ def test_training_on_the_gpu_prefetches_batches_into_page_locked_memory(tmp_path
     (batch,) = run.prefetcher.get([order[1]])
     assert batch.src.is_pinned() and torch.equal(batch.src, run.train.collate(order[1], 8).src)
     run.prefetcher.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_search_on_the_gpu_finds_the_cpus_hypotheses_and_rarely_waits(dtype):
+    """The host waits for the GPU at a read of which sentences are done (every
+    kernels.steps_between_reads steps, and the batch's index after it), at the start and for the
+    results, never at every step."""
+    model = random_model(40, 3, scale=3.0)
+    rows = [[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]]
+    config = SearchConfig(beam=4, nbest=2, max_len_a=3.0, max_len_b=20)
+    on_cpu = beam_search(Ensemble([model]), sources(rows, 40), config)
+    models = Ensemble([random_model(40, 3, scale=3.0).to("cuda", dtype)])
+    steps = []
+    top_tokens = models.top_tokens
+    models.top_tokens = lambda *args: steps.append(1) or top_tokens(*args)
+    src = sources(rows, 40).cuda()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            on_gpu = beam_search(models, src, config)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = sum("synchroniz" in str(w.message) for w in caught)
+    assert len(steps) >= 24 and waits <= 2 * (len(steps) // 8 + 1) + 8
+    if dtype == torch.float32:
+        assert [[h.tokens for h in s] for s in on_gpu] == [[h.tokens for h in s] for s in on_cpu]
+    else:
+        assert [s[0].tokens for s in on_gpu] == [s[0].tokens for s in on_cpu]

@@ -351,3 +351,17 @@ def test_the_host_reads_the_search_state_only_every_few_steps(monkeypatch, every
     assert [[h.tokens for h in s] for s in hyps] == [[h.tokens for h in s] for s in expected]
     assert [h.score for s in hyps for h in s] == pytest.approx([h.score for s in expected for h in s], abs=1e-5)
     assert all(len(s) == 2 for s in hyps)
+
+
+def test_a_bf16_model_finds_the_fp32_hypotheses():
+    """`--precision bf16` casts the weights (no autocast per step); the log-probabilities and the
+    scores stay float32. On sharp distributions the search finds the same outputs."""
+    model = random_model(15, 1, scale=4.0)
+    src = sources([[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6]], 15)
+    config = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=3)
+    fp32 = beam_search(Ensemble([model]), src, config)
+    bf16 = beam_search(Ensemble([random_model(15, 1, scale=4.0).to(torch.bfloat16)]), src, config)
+    assert [s[0].tokens for s in bf16] == [s[0].tokens for s in fp32]
+    # bf16 keeps 8 bits of mantissa: logits of size ~10 carry errors of a few hundredths each
+    assert [s[0].log_prob for s in bf16] == pytest.approx([s[0].log_prob for s in fp32], rel=0.03)
+    assert [s[0].log_prob for s in bf16] != [s[0].log_prob for s in fp32]  # it did compute in bf16

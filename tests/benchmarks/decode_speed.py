@@ -1,9 +1,14 @@
-"""Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--quantize int8]`.
+"""Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--quantize int8]
+[--device cuda --precision bf16 --profile FILE]`.
 
 Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
 Translator, timing the translation only (model loading excluded), and prints one JSON line:
 sentences/s, target tokens/s (BPE tokens + EOS, as fairseq counts), peak RSS; with `--ref`, the
-sacreBLEU of the output too.
+sacreBLEU of the output too. On a GPU, the first 64 sentences are translated once untimed (CUDA
+warm-up), and the line also gives the calls that made the host wait for the GPU
+(torch.cuda.set_sync_debug_mode). `--profile FILE` translates again under torch.profiler, writes
+its operator table to FILE and adds `device_busy`: the GPU's kernel time over the wall time of
+that translation (the share of the search the GPU works).
 """
 
 from __future__ import annotations
@@ -11,43 +16,89 @@ from __future__ import annotations
 import json
 import resource
 import time
+import warnings
+from pathlib import Path
 
 import torch
 from common import decoding_arguments
 
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
 from nmt_cli.device import select
+from nmt_cli.search import Hypothesis
 from nmt_cli.translate import Translator
+
+
+def timed(translator: Translator, sources: list[list[int]]) -> tuple[float, int, list[list[Hypothesis]]]:
+    """Seconds, host waits (on a GPU) and hypotheses of translating `sources`."""
+    cuda = translator.device.type == "cuda"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            hyps = translator.translate_ids(sources)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.synchronize()
+    return time.perf_counter() - start, sum("synchroniz" in str(w.message) for w in caught), hyps
+
+
+def profiled(translator: Translator, sources: list[list[int]], path: Path) -> float | None:
+    """Translate under torch.profiler, write its table to `path`; the GPU's busy share, if any."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = translator.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        start = time.perf_counter()
+        translator.translate_ids(sources)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    events = prof.key_averages()
+    path.write_text(events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=40,
+                                 max_name_column_width=60) + "\n")
+    if not cuda:
+        return None
+    kernels = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return round(kernels / 1e6 / seconds, 3)
 
 
 def main() -> None:
     parser = decoding_arguments(__doc__)
     parser.set_defaults(ref=None)  # BLEU only when asked for
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--quantize", choices=["int8"], default=None)
+    parser.add_argument("--profile", type=Path, help="write a torch.profiler table of a second translation here")
     args = parser.parse_args()
-    device, _ = select(args.device, "fp32", args.threads)  # threads and memory settings as `nmt translate`'s
+    device, dtype = select(args.device, args.precision, args.threads)  # threads and memory as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize)
-    translator = Translator([load_bundle(args.model)], options, device)
-    start = time.perf_counter()
+    translator = Translator([load_bundle(args.model)], options, device, dtype)
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
-    hyps = translator.translate_ids(sources)
+    if device.type == "cuda":
+        translator.translate_ids(sources[:64])
+    seconds, waits, hyps = timed(translator, sources)
     outputs = [translator.detokenize(h[0].tokens) if h else "" for h in hyps]
-    seconds = time.perf_counter() - start
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
     result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
-              "quantize": args.quantize,
+              "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": args.quantize,
               "threads": torch.get_num_threads(), "seconds": round(seconds, 2),
               "sentences_per_s": round(len(lines) / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1),
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    if device.type == "cuda":
+        result["host_waits"] = waits
     if args.ref:
         import sacrebleu
 
         refs = args.ref.read_text(encoding="utf-8").splitlines()
         result["bleu"] = round(sacrebleu.corpus_bleu(outputs, [refs]).score, 2)
+    if args.profile:
+        result["device_busy"] = profiled(translator, sources, args.profile)
     print(json.dumps(result))
 
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, then the training benchmarks side by side with a
-# plain torch.nn.Transformer, and a profile. Results go to $OUT (default: ./gpu-results).
+# plain torch.nn.Transformer, and a profile; decoding speed, its profile and `nmt translate`'s
+# start-up. Results go to $OUT (default: ./gpu-results).
 #   WHEELS=DIR   wheels to install first (subword-nmt, sacremoses, ... where the machine lacks them)
-#   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it
-#   STAGES="tests speed compile"   which parts to run
+#   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
+#   STAGES="tests speed compile decode"   which parts to run (default: all but decode)
+#   DECODE_ARCHS="small base"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each, then
+#     decodes test_2016_flickr in fp32 and bf16, and times `nmt translate` of 100 lines on GPU and CPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
@@ -34,4 +37,25 @@ if [[ $STAGES == *compile* ]]; then
         timeout 300 python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --baseline 2>>"$OUT/stderr.txt" \
             | tee -a "$OUT/gpu_speed.jsonl"
     done
+fi
+if [[ $STAGES == *decode* ]]; then
+    multi30k=$NMT_SHARED_DATA/multi30k
+    work=$(mktemp -d)
+    python3 -m nmt_cli preprocess -s en -t de --trainpref "$multi30k/train" --validpref "$multi30k/val" \
+        --destdir "$work/data" --bpe-merges 8000 --max-len-ratio 3 --quiet || exit 1
+    for arch in ${DECODE_ARCHS:-small base}; do
+        timeout 300 python3 -m nmt_cli train "$work/data" --save-dir "$work/$arch" --arch "$arch" --device cuda \
+            --lr-schedule inverse-sqrt --lr 1e-3 --warmup 400 --max-tokens 8192 --max-time "${TRAIN_MINUTES:-1.5}" \
+            --quiet 2>>"$OUT/stderr.txt"
+        for precision in fp32 bf16; do
+            timeout 120 python3 tests/benchmarks/decode_speed.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
+                --precision "$precision" --ref "$multi30k/test_2016_flickr.de" \
+                --profile "$OUT/decode_profile_${arch}_$precision.txt" 2>>"$OUT/stderr.txt" | tee -a "$OUT/decode_speed.jsonl"
+        done
+        for device in cuda cpu; do
+            timeout 120 python3 tests/benchmarks/translate_startup.py -m "$work/$arch/checkpoint_last.pt" \
+                --device "$device" 2>>"$OUT/stderr.txt" | tee -a "$OUT/translate_startup.jsonl"
+        done
+    done
+    rm -rf "$work"
 fi
