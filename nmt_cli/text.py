@@ -1,6 +1,6 @@
-"""Text in and out of the model: Moses normalization and tokenization (sacremoses), joint BPE
-(learned by bpe.py with subword-nmt's result, applied by subword-nmt), and the way back (BPE
-removal, detokenization).
+"""Text in and out of the model: Moses normalization and tokenization (moses.py), joint BPE
+(learned by bpe.py with subword-nmt's result, applied by subword-nmt) or SentencePiece
+(pieces.py), and the way back (BPE removal, detokenization).
 
 The settings (`TextConfig`) and the BPE codes are written into the data directory and into every
 checkpoint, so that `nmt translate` applies exactly what training saw.
@@ -12,10 +12,7 @@ import io
 import re
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
 
-import sacremoses
-from sacremoses import MosesDetokenizer
 from subword_nmt.apply_bpe import BPE
 
 from nmt_cli import NmtError
@@ -23,50 +20,6 @@ from nmt_cli.config import TextConfig
 from nmt_cli.pieces import load_sentencepiece
 
 BPE_SEPARATOR = "@@"
-
-
-class MosesTokenizer(sacremoses.MosesTokenizer):
-    """sacremoses' tokenizer, with its two character-class tests made cheap: sacremoses builds a
-    set of every lowercase (or alphabetic) Unicode character at each call, once per token that
-    ends in a period inside a line. That halved tokenization speed on lines with a period inside
-    (abbreviations, several sentences). Same results, as sets built once."""
-
-    LOWER = frozenset(sacremoses.MosesTokenizer.IsLower)
-    ALPHA = frozenset(sacremoses.MosesTokenizer.IsAlpha)
-
-    def islower(self, text: str) -> bool:
-        return set(text) <= self.LOWER
-
-    def isanyalpha(self, text: str) -> bool:
-        return not self.ALPHA.isdisjoint(text)
-
-
-class MosesPunctNormalizer(sacremoses.MosesPunctNormalizer):
-    """sacremoses' punctuation normalizer, with its substitutions prepared once: sacremoses hands
-    each of its 45-46 patterns to re.sub for every line. Here each is compiled once, or, when
-    pattern and replacement are plain text, applied with str.replace. The same substitutions in the
-    same order, the same results (tests/test_text.py compares; the tokenization stage of
-    tests/benchmarks/preprocess_speed.py measures the time)."""
-
-    REGEX_SYNTAX = frozenset(".^$*+?{}[]|()\\")
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.steps = [(pattern, None if self.is_plain(pattern, replacement) else re.compile(pattern), replacement)
-                      for pattern, replacement in self.substitutions]
-
-    @classmethod
-    def is_plain(cls, pattern: str, replacement: str) -> bool:
-        return bool(pattern) and cls.REGEX_SYNTAX.isdisjoint(pattern) and "\\" not in replacement
-
-    def normalize(self, text: str) -> str:
-        if self.pre_replace_unicode_punct:
-            text = self.replace_unicode_punct(text)
-        for pattern, compiled, replacement in self.steps:
-            text = text.replace(pattern, replacement) if compiled is None else compiled.sub(replacement, text)
-        if self.post_remove_control_chars:
-            text = self.remove_control_chars(text)
-        return text.strip()
 
 
 class TextProcessor:
@@ -78,10 +31,13 @@ class TextProcessor:
         if config.sentencepiece and sentencepiece is None:
             raise ValueError("TextConfig(subword='sentencepiece') needs its SentencePiece model")
         self.pieces = load_sentencepiece(sentencepiece) if config.sentencepiece else None
-        moses = config.tokenizer == "moses" and not config.sentencepiece
-        self.normalizer = MosesPunctNormalizer(lang=lang) if moses and config.normalize_punctuation else None
-        self.tokenizer = MosesTokenizer(lang=lang) if moses else None
-        self.detokenizer = MosesDetokenizer(lang=lang) if moses else None
+        self.normalizer = self.tokenizer = self.detokenizer = None
+        if config.tokenizer == "moses" and not config.sentencepiece:
+            from nmt_cli import moses  # sacremoses takes tenths of a second to import: only when used
+
+            self.normalizer = moses.MosesPunctNormalizer(lang=lang) if config.normalize_punctuation else None
+            self.tokenizer = moses.MosesTokenizer(lang=lang)
+            self.detokenizer = moses.MosesDetokenizer(lang=lang)
         self.protected = config.protected or None
         self.whole = re.compile("|".join(f"(?:{p})" for p in config.protected)) if config.protected else None
         self.bpe = BPE(io.StringIO(check_codes(bpe_codes)), separator=BPE_SEPARATOR,

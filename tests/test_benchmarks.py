@@ -104,3 +104,6 @@ def test_translate_startup(tmp_path):
     assert list(result["stages_s"]) == ["import_torch", "import_nmt_cli", "select_device", "load_checkpoint",
                                         "build_translator", "translate"]
     assert result["stages_s"]["import_torch"] > 0  # measured in a process that had not imported it yet
+    (untrained,) = run("translate_startup.py", "-m", model, "-i", source, "--lines", 1, "--rounds", 1,
+                       "--arch", "small")
+    assert untrained["model"] == "small" and untrained["stages_s"]["load_checkpoint"] > 0

@@ -1,11 +1,12 @@
 """`nmt translate` end to end on a short file: `python tests/benchmarks/translate_startup.py -m CKPT
-[-i test.en] [--lines 100] [--device cpu|cuda] [--rounds 3]`.
+[-i test.en] [--lines 100] [--device cpu|cuda] [--rounds 3] [--arch big]`.
 
 Each round runs `python -m nmt_cli translate` on the first `--lines` lines in a fresh process and
 times it from the outside (interpreter start to exit). One more fresh process times the stages
 one after another (`--stages`): importing torch, importing the rest of `nmt translate`'s code,
 choosing the device (CUDA initialization), loading the checkpoint, building the translator,
-translating. Prints one JSON line.
+translating. Prints one JSON line. With `--arch`, the checkpoint timed is an untrained model of
+that preset with CKPT's vocabulary and text settings (what loading a large model costs).
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def stages(model: Path, source: Path, device: str) -> dict[str, float]:
     return {name: round(t - marks[i][1], 3) for i, (name, t) in enumerate(marks[1:])}
 
 
+def untrained(model: Path, arch: str, path: Path) -> Path:
+    """A checkpoint of an untrained `arch` model with the vocabulary and text settings of `model`."""
+    from nmt_cli import checkpoint
+    from nmt_cli.config import PRESETS
+    from nmt_cli.model import Transformer
+    from nmt_cli.vocab import PAD_ID
+
+    bundle = checkpoint.load_bundle(model)
+    shared = bundle.src_vocab is bundle.tgt_vocab
+    bundle.model = Transformer(PRESETS[arch], len(bundle.src_vocab), len(bundle.tgt_vocab), PAD_ID, shared)
+    checkpoint.save(bundle.describe(), path)
+    return path
+
+
 def main() -> None:
     import argparse
 
@@ -56,6 +71,7 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=100)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--arch", help="time an untrained model of this preset instead (CKPT's vocabulary)")
     parser.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)  # the breakdown's own process
     args = parser.parse_args()
     if args.stages:  # before anything else is imported
@@ -65,6 +81,8 @@ def main() -> None:
 
     args.input = args.input or SHARED / "multi30k" / "test_2016_flickr.en"
     with tempfile.TemporaryDirectory() as work:
+        if args.arch:
+            args.model = untrained(args.model, args.arch, Path(work) / f"{args.arch}.pt")
         source = Path(work) / "input.txt"
         with open(args.input, encoding="utf-8") as f:
             source.write_text("".join(line for _, line in zip(range(args.lines), f)), encoding="utf-8")
@@ -77,7 +95,7 @@ def main() -> None:
             seconds.append(round(time.perf_counter() - start, 2))
         breakdown = subprocess.run([sys.executable, __file__, "-m", str(args.model), "-i", str(source),
                                     "--device", args.device, "--stages"], check=True, capture_output=True, text=True)
-    print(json.dumps({"benchmark": "translate_startup", "model": str(args.model), "lines": args.lines,
+    print(json.dumps({"benchmark": "translate_startup", "model": args.arch or str(args.model), "lines": args.lines,
                       "device": args.device, "seconds": seconds, "median_s": statistics.median(seconds),
                       "stages_s": json.loads(breakdown.stdout)}))
 
