@@ -301,6 +301,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
         history = torch.cat([history, token.unsqueeze(1)], dim=1)
         if (step + 1) % read_every == 0 and bool(done.all()):
             break
+    history = history.cpu()  # one read for all samples, not one per sample
     samples = [Hypothesis(history[row, 1:size].tolist(), lp / length_penalty(size, config.lenpen), lp)
                for row, (size, lp) in enumerate(zip(length.tolist(), log_prob.tolist()))]
     return [sorted(samples[i * n:(i + 1) * n], key=lambda h: -h.score) for i in range(batch)]
