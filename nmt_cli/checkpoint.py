@@ -12,6 +12,7 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ class _NoDraws(TorchFunctionMode):
     """Skips `normal_` on meta tensors: there is nothing to draw, and PyTorch's meta `normal_`
     imports torch._dynamo (over a second) on its first call."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func in (torch.nn.init.normal_, torch.Tensor.normal_):
             tensor = args[0] if args else kwargs["tensor"]

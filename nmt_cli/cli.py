@@ -126,16 +126,9 @@ class Group(click.Group):
 @click.version_option(__version__, prog_name="nmt-cli")
 def main() -> None:
     """nmt: the Transformer of "Attention Is All You Need" for translation and any seq2seq task."""
-    import atexit
-    import gc
-
     from nmt_cli.files import handle_sigterm
 
     handle_sigterm()  # SIGTERM ends a command like Ctrl-C: its temporaries are removed on the way out
-    # The interpreter's last garbage collection, at exit, would walk every object torch made, for
-    # nothing: tenths of a second of every command. Frozen objects are left out of it.
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
 
 
 @main.command()
@@ -280,7 +273,15 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
 @config_options(TranslateConfig)
 def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, **options: Any) -> None:
     """Translate raw text with batched beam search and length penalty."""
+    import atexit
+    import gc
+
     from nmt_cli.translate import translate_file
+
+    # The interpreter's last garbage collection, at exit, would walk every object torch made, for
+    # nothing: tenths of a second of a short translation. Frozen objects are left out of it.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
     search = build(SearchConfig, **fields_of(SearchConfig, options))
     config = build(TranslateConfig, search=search, **options)
