@@ -1,6 +1,8 @@
 """Checkpoints: safe loading, bad files, averaging."""
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -39,6 +41,15 @@ def test_a_loaded_model_is_the_saved_one_and_is_never_randomly_initialized(tmp_p
     assert model.src_embed.tokens.weight is model.tgt_embed.tokens.weight  # still one shared matrix
     src, tgt_in = torch.tensor([[5, 6, 7, EOS_ID]]), torch.tensor([[BOS_ID, 8, 9]])
     assert torch.equal(model(src, tgt_in), reference(src, tgt_in))
+
+
+def test_loading_a_model_does_not_import_the_compiler(tmp_path):
+    """PyTorch's meta `normal_` imports torch._dynamo (over a second) on first use: loading skips it."""
+    path = tiny_checkpoint(tmp_path / "a.pt")
+    code = (f"import sys; from nmt_cli.checkpoint import load_bundle; load_bundle({str(path)!r}); "
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 class Boom:
