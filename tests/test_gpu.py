@@ -4,16 +4,19 @@ search's results and its reads back to the host.
 Skipped where there is no CUDA device (the CPU paths are covered by test_train.py).
 """
 
+import json
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from conftest import synthetic_data_dir
 from test_search import random_model, sources
 from test_train import LEARNER, LEARNER_RECIPE, TINY, run_training
 
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TranslateConfig
 from nmt_cli.search import Ensemble, beam_search
 from nmt_cli.trainer import Runtime, Trainer, label_smoothed_loss
@@ -121,3 +124,34 @@ def test_the_search_on_the_gpu_finds_the_cpus_hypotheses_and_rarely_waits(dtype)
         assert [[h.tokens for h in s] for s in on_gpu] == [[h.tokens for h in s] for s in on_cpu]
     else:
         assert [s[0].tokens for s in on_gpu] == [s[0].tokens for s in on_cpu]
+
+
+def translate_cli(model, lines, *options):
+    result = CliRunner().invoke(main, ["translate", "-m", str(model), *map(str, options)],
+                                input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
+def test_translate_on_the_gpu_with_every_search_option(tmp_path):
+    """`nmt translate --device cuda` (bf16 by --precision auto) gives the CPU's translations and
+    scores, n-best lists, reproducible samples, and outputs that start with their prefixes."""
+    data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
+    run_training(data, tmp_path / "ck", LEARNER, max_updates=300, **LEARNER_RECIPE).run()
+    model = tmp_path / "ck/checkpoint_last.pt"
+    lines = (tmp_path / "raw/valid.src").read_text().splitlines()
+    on = {device: translate_cli(model, lines, "--device", device) for device in ("cuda", "cpu")}
+    assert sum(a == b for a, b in zip(on["cuda"], on["cpu"])) >= 0.9 * len(lines)
+    nbest = {device: [json.loads(r) for r in translate_cli(model, lines, "--device", device, "--format", "jsonl",
+                                                             "--nbest", 2)] for device in ("cuda", "cpu")}
+    for gpu, cpu in zip(nbest["cuda"], nbest["cpu"]):
+        assert len(gpu["nbest"]) == 2
+        if gpu["translation"] == cpu["translation"]:
+            assert gpu["nbest"][0]["log_prob"] == pytest.approx(cpu["nbest"][0]["log_prob"], abs=0.1)
+    sampled = [translate_cli(model, lines, "--device", "cuda", "--sampling", "--seed", 1, "--beam", 1, "--nbest", 3,
+                             "--format", "jsonl") for _ in range(2)]
+    assert sampled[0] == sampled[1] and all(len(json.loads(r)["nbest"]) == 3 for r in sampled[0])
+    starts = [line.split()[-1] for line in lines]  # not where a copy starts
+    prefixed = translate_cli(model, [f"{line}\t{start}" for line, start in zip(lines, starts)], "--device", "cuda",
+                             "--prefix")
+    assert all(out.split()[0] == start for out, start in zip(prefixed, starts))
