@@ -5,6 +5,7 @@ Skipped where there is no CUDA device (the CPU paths are covered by test_train.p
 """
 
 import json
+import signal
 import warnings
 
 import numpy as np
@@ -133,13 +134,18 @@ def translate_cli(model, lines, *options):
     return result.output.splitlines()
 
 
+def copier(tmp_path):
+    """A small model trained on the CPU to copy its input, sure of its outputs (on the CPU its
+    bf16 translations of the validation lines equal the fp32 ones); and those lines."""
+    data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
+    run_training(data, tmp_path / "ck", LEARNER, max_updates=300, **LEARNER_RECIPE).run()
+    return tmp_path / "ck/checkpoint_last.pt", (tmp_path / "raw/valid.src").read_text().splitlines()
+
+
 def test_translate_on_the_gpu_with_every_search_option(tmp_path):
     """`nmt translate --device cuda` (bf16 by --precision auto) gives the CPU's translations and
     scores, n-best lists, reproducible samples, and outputs that start with their prefixes."""
-    data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
-    run_training(data, tmp_path / "ck", LEARNER, max_updates=300, **LEARNER_RECIPE).run()
-    model = tmp_path / "ck/checkpoint_last.pt"
-    lines = (tmp_path / "raw/valid.src").read_text().splitlines()
+    model, lines = copier(tmp_path)
     on = {device: translate_cli(model, lines, "--device", device) for device in ("cuda", "cpu")}
     assert sum(a == b for a, b in zip(on["cuda"], on["cpu"])) >= 0.9 * len(lines)
     nbest = {device: [json.loads(r) for r in translate_cli(model, lines, "--device", device, "--format", "jsonl",
@@ -155,3 +161,18 @@ def test_translate_on_the_gpu_with_every_search_option(tmp_path):
     prefixed = translate_cli(model, [f"{line}\t{start}" for line, start in zip(lines, starts)], "--device", "cuda",
                              "--prefix")
     assert all(out.split()[0] == start for out, start in zip(prefixed, starts))
+
+
+def test_serve_on_the_gpu_answers_as_the_cpu_translates(tmp_path):
+    from test_serve import request, start
+
+    model, lines = copier(tmp_path)
+    _, url, process = start(tmp_path, model=model, device="cuda")
+    try:
+        status, answer = request(url + "/translate", {"text": lines, "beam": 4})
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    assert status == 200
+    cpu = translate_cli(model, lines, "--device", "cpu")
+    assert sum(a == b for a, b in zip(answer["translations"], cpu)) >= 0.9 * len(lines)

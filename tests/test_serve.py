@@ -38,13 +38,14 @@ def request(url: str, body: object = None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def start(tmp_path, *options):
-    model = tiny_checkpoint(tmp_path / "m.pt", seed=3)
+def start(tmp_path, *options, model=None, device="cpu"):
+    """`nmt serve` of `model` (default: an untrained tiny one) on a free port, once it answers."""
+    model = model or tiny_checkpoint(tmp_path / "m.pt", seed=3)
     port = free_port()
     log = tmp_path / "serve.log"  # a file, not a pipe nobody reads
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
-                                    "--device", "cpu", "--threads", "1", *map(str, options)], stdout=out, stderr=out)
+                                    "--device", device, "--threads", "1", *map(str, options)], stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
