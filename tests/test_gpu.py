@@ -144,7 +144,8 @@ def copier(tmp_path):
 
 def test_translate_on_the_gpu_with_every_search_option(tmp_path):
     """`nmt translate --device cuda` (bf16 by --precision auto) gives the CPU's translations and
-    scores, n-best lists, reproducible samples, and outputs that start with their prefixes."""
+    scores, n-best lists, ensembles, attention weights, reproducible samples, and outputs that
+    start with their prefixes."""
     model, lines = copier(tmp_path)
     on = {device: translate_cli(model, lines, "--device", device) for device in ("cuda", "cpu")}
     assert sum(a == b for a, b in zip(on["cuda"], on["cpu"])) >= 0.9 * len(lines)
@@ -157,6 +158,11 @@ def test_translate_on_the_gpu_with_every_search_option(tmp_path):
     sampled = [translate_cli(model, lines, "--device", "cuda", "--sampling", "--seed", 1, "--beam", 1, "--nbest", 3,
                              "--format", "jsonl") for _ in range(2)]
     assert sampled[0] == sampled[1] and all(len(json.loads(r)["nbest"]) == 3 for r in sampled[0])
+    twice = translate_cli(model, lines, "-m", model, "--device", "cuda")  # an ensemble of the model with itself
+    assert sum(a == b for a, b in zip(twice, on["cuda"])) >= 0.9 * len(lines)
+    attention = [json.loads(r)["attention"] for r in translate_cli(model, lines[:3], "--device", "cuda", "--format",
+                                                                    "jsonl", "--attention")]
+    assert all(sum(row) == pytest.approx(1.0, abs=1e-2) for a in attention for row in a["weights"])
     starts = [line.split()[-1] for line in lines]  # not where a copy starts
     prefixed = translate_cli(model, [f"{line}\t{start}" for line, start in zip(lines, starts)], "--device", "cuda",
                              "--prefix")
