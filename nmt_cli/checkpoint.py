@@ -45,9 +45,15 @@ class ModelBundle:
         return describe(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab, self.sentencepiece)
 
 
+# What `describe` writes beside the weights ("model"): all a model file needs to be used (`nmt export`
+# keeps these in a safetensors file's metadata).
+DESCRIPTION = ("format_version", "nmt_cli_version", "model_config", "text_config", "bpe_codes", "sentencepiece",
+               "src_vocab", "tgt_vocab", "shared_vocab")
+
+
 def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vocab: Vocabulary,
              tgt_vocab: Vocabulary, sentencepiece: bytes | None = None) -> dict[str, Any]:
-    """The self-describing part of every checkpoint."""
+    """The self-describing part of every checkpoint: the DESCRIPTION fields and the weights."""
     return {
         "format_version": FORMAT_VERSION,
         "nmt_cli_version": __version__,

@@ -20,14 +20,10 @@ from typing import Any
 import torch
 
 from nmt_cli import NmtError
-from nmt_cli.checkpoint import ModelBundle
+from nmt_cli.checkpoint import DESCRIPTION, ModelBundle
 from nmt_cli.config import SearchConfig
 from nmt_cli.files import replacing
 from nmt_cli.model import MultiHeadAttention, Transformer
-
-DESCRIPTION = ("format_version", "nmt_cli_version", "model_config", "text_config", "bpe_codes", "sentencepiece",
-               "src_vocab", "tgt_vocab", "shared_vocab")
-
 
 # ---------------------------------------------------------------------------- safetensors
 

@@ -180,6 +180,7 @@ def check_address(host: str, port: int) -> None:
 def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
     """Run the server until SIGTERM or Ctrl-C; requests in flight finish first."""
     try:
+        import fastapi  # noqa: F401 (create_app's; checked here, before anything starts)
         import uvicorn
     except ImportError:
         raise NmtError("nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'") from None

@@ -23,6 +23,7 @@ def test_round_trip_rebuilds_the_model(tmp_path):
     saved = ckpt.load(path)["model"]
     assert all(torch.equal(v, saved[k]) for k, v in bundle.model.state_dict().items())
     assert bundle.text.tokenizer == "none" and len(bundle.src_vocab) == 20
+    assert set(ckpt.load(path)) == {*ckpt.DESCRIPTION, "model"}  # what nmt export keeps is the whole description
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])

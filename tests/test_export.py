@@ -131,6 +131,7 @@ def test_export_writes_the_text_pipeline_and_refuses_what_ctranslate2_cannot_hol
     ("ctranslate2", ["export", "--format", "ctranslate2", "-o", "OUT"], "needs CTranslate2: pip install"),
     ("safetensors", ["export", "--format", "safetensors", "-o", "OUT.safetensors"], "need the safetensors package"),
     ("uvicorn", ["serve"], "nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'"),
+    ("fastapi", ["serve"], "nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'"),
 ])
 def test_a_missing_optional_package_is_named_with_how_to_install_it(tmp_path, monkeypatch, package, command, message):
     model = tiny_checkpoint(tmp_path / "m.pt")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,29 @@ def reference_log_probs(bundle: ModelBundle, translator: Translator, sources: li
         lprobs = bundle.model(src, torch.tensor([[BOS_ID] + target[:-1]])).log_softmax(-1)[0]
         out.append((target, lprobs.gather(-1, torch.tensor(target)[:, None]).squeeze(-1).numpy()))
     return out
+
+
+class HostWaits:
+    """`count`: the calls inside a `counting()` block that made the host wait for the CUDA device
+    (torch.cuda.set_sync_debug_mode warns at each); 0 off CUDA."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @classmethod
+    @contextlib.contextmanager
+    def counting(cls, cuda: bool) -> Iterator[HostWaits]:
+        waits = cls()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield waits
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+        waits.count = sum("synchroniz" in str(w.message) for w in caught)
 
 
 def decoding_arguments(description: str | None) -> argparse.ArgumentParser:

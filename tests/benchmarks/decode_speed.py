@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import resource
 import time
-import warnings
 from pathlib import Path
 
 import torch
-from common import decoding_arguments
+from common import HostWaits, decoding_arguments
 
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
@@ -32,18 +31,12 @@ from nmt_cli.translate import Translator
 def timed(translator: Translator, sources: list[list[int]]) -> tuple[float, int, list[list[Hypothesis]]]:
     """Seconds, host waits (on a GPU) and hypotheses of translating `sources`."""
     cuda = translator.device.type == "cuda"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        start = time.perf_counter()
-        if cuda:
-            torch.cuda.set_sync_debug_mode("warn")
-        try:
-            hyps = translator.translate_ids(sources)
-        finally:
-            if cuda:
-                torch.cuda.set_sync_debug_mode("default")
-                torch.cuda.synchronize()
-    return time.perf_counter() - start, sum("synchroniz" in str(w.message) for w in caught), hyps
+    start = time.perf_counter()
+    with HostWaits.counting(cuda) as waits:
+        hyps = translator.translate_ids(sources)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, waits.count, hyps
 
 
 def profiled(translator: Translator, sources: list[list[int]], path: Path) -> float | None:

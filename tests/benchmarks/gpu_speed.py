@@ -26,13 +26,13 @@ import json
 import math
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from common import HostWaits
 
 from nmt_cli.config import PRESETS, ModelConfig, TrainConfig
 from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, Prefetcher, token_batches
@@ -78,19 +78,15 @@ class PlainTransformer(torch.nn.Module):
 def time_updates(update: Callable[[int], None], steps: int, warmup: int, cuda: bool) -> tuple[float, int]:
     """Seconds for updates warmup..steps-1 (after `warmup` untimed ones), and the host waits counted."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step in range(steps):
-            if step == warmup:
-                sync()
-                start = time.perf_counter()
-                if cuda:  # from here on, every call that makes the host wait for the GPU warns
-                    torch.cuda.set_sync_debug_mode("warn")
+    for step in range(warmup):
+        update(step)
+    sync()
+    start = time.perf_counter()
+    with HostWaits.counting(cuda) as waits:
+        for step in range(warmup, steps):
             update(step)
-        if cuda:
-            torch.cuda.set_sync_debug_mode("default")
-        sync()
-    return time.perf_counter() - start, sum("synchroniz" in str(w.message) for w in caught)
+    sync()
+    return time.perf_counter() - start, waits.count
 
 
 def profile(update: Callable[[int], None], steps: int, path: Path) -> None:
