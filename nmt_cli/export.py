@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch
 from nmt_cli import NmtError
 from nmt_cli.checkpoint import DESCRIPTION, ModelBundle
 from nmt_cli.config import SearchConfig
-from nmt_cli.files import replacing
+from nmt_cli.files import publish_directory, reason, remove_stale_temporaries, replacing, temporary_directory
 from nmt_cli.model import MultiHeadAttention, Transformer
 
 # ---------------------------------------------------------------------------- safetensors
@@ -113,9 +115,49 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
     spec.register_target_vocabulary(bundle.tgt_vocab.tokens)
     spec.validate()
     spec.optimize(quantization=quantization)
-    out.mkdir(parents=True, exist_ok=True)
-    spec.save(str(out))
-    _text_files(bundle, out)
+
+    def write(tmp: Path) -> None:
+        spec.save(str(tmp))
+        _text_files(bundle, tmp)
+
+    _write_directory(out, write)
+
+
+# What an export writes: a directory holding only these (and nmt-cli.json) is an earlier export.
+EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
+                "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json"}
+
+
+def _check_destination(out: Path) -> None:
+    """Refuse to replace anything but an earlier export: a user's files are never deleted."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise NmtError(f"{out}: exists and is not a directory; choose another --output")
+    names = {p.name for p in out.iterdir()}
+    if names and ("nmt-cli.json" not in names or not names <= EXPORT_FILES):
+        raise NmtError(f"{out}: the directory holds files that are not an earlier export; choose another "
+                       "--output or empty it")
+
+
+def _write_directory(out: Path, write: Callable[[Path], None]) -> None:
+    """`write` a temporary directory beside `out`, then rename it to `out` (replacing an earlier
+    export): a failed or interrupted export leaves `out` as it was."""
+    _check_destination(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out.parent)
+        tmp = temporary_directory(out)
+    except OSError as e:
+        raise NmtError(f"{out.parent}: cannot write there ({reason(e)})") from None
+    try:
+        write(tmp)
+        _check_destination(out)  # again: another program may have written there meanwhile
+        publish_directory(tmp, out)
+    except OSError as e:
+        raise NmtError(f"{out}: cannot write the model directory ({reason(e)}); nothing was written") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _array(tensor: torch.Tensor) -> Any:

@@ -127,6 +127,35 @@ def test_export_writes_the_text_pipeline_and_refuses_what_ctranslate2_cannot_hol
     assert result.exit_code == 2 and "ends in .safetensors" in result.output
 
 
+def test_export_replaces_only_an_earlier_export_and_never_leaves_half_a_directory(tmp_path, monkeypatch):
+    from nmt_cli import export
+
+    model, out = tiny_checkpoint(tmp_path / "m.pt"), tmp_path / "ct2"
+    for _ in range(2):  # the second replaces the first
+        result = run("export", "-m", model, "--format", "ctranslate2", "-o", out)
+        assert result.exit_code == 0, result.output
+    weights = (out / "model.bin").read_bytes()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine")
+    for target in (mine, tmp_path / "file"):
+        result = run("export", "-m", model, "--format", "ctranslate2", "-o", target)
+        assert result.exit_code == 1 and f"{target}:" in result.output and "choose another --output" in result.output
+    assert (mine / "notes.txt").read_text() == "mine" and (tmp_path / "file").read_text() == "mine"
+
+    def full(_bundle, _out):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "_text_files", full)
+    result = run("export", "-m", model, "--format", "ctranslate2", "-o", out, "--quantization", "int8")
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {out}: cannot write the model directory (No space left on device); " \
+                                    "nothing was written"
+    assert (out / "model.bin").read_bytes() == weights  # the earlier export, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file", "m.pt", "mine"]
+
+
 @pytest.mark.parametrize("package, command, message", [
     ("ctranslate2", ["export", "--format", "ctranslate2", "-o", "OUT"], "needs CTranslate2: pip install"),
     ("safetensors", ["export", "--format", "safetensors", "-o", "OUT.safetensors"], "need the safetensors package"),
