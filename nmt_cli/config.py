@@ -352,6 +352,8 @@ class TranslateConfig:
     plot_heads: tuple[int, ...] = _knob((), "Heads to plot (repeatable) [all].", min=1, flags=("--heads",))
     quantize: str | None = _knob(None, "CPU: run the linear layers as dynamic int8 matmuls (tests/benchmarks/"
                                  "PERFORMANCE.md: speed and BLEU).", choices=("int8",))
+    cuda_graphs: bool = _knob(False, "GPU: replay beam search's decoder steps as CUDA graphs (batches padded to "
+                              "fixed shapes).")
     device: str = _device_knob()
     precision: str = _precision_knob()
     threads: int | None = _threads_knob()

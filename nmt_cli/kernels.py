@@ -8,6 +8,8 @@ and the trainer (train.py) call them; a reader who wants the paper never needs t
 - `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN.
 - `top_k`: top-k through chunk maxima on the CPU.
 - `steps_between_reads`: how often a search reads its state back to the host.
+- `capture` / `StaticDecoder` / `DecoderGraphs`: the search's decoder step on fixed-shape
+  tensors, replayed as a CUDA graph on a GPU.
 - `quantize_int8`: dynamic int8 linear layers for CPU inference.
 - `keep_freed_memory`: glibc's malloc keeps freed memory (CPU).
 """
@@ -228,3 +230,165 @@ def keep_freed_memory() -> bool:
     m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
     settings = ((m_mmap_max, 0), (m_trim_threshold, 1 << 30), (m_top_pad, 256 << 20))
     return all(mallopt(option, value) == 1 for option, value in settings)
+
+
+# ---------------------------------------------------------------------------- CUDA graphs of the search's decoder
+
+def capture(step: Callable[[], Tensor], device: torch.device) -> Callable[[], Tensor]:
+    """A callable that runs `step` again, on whatever its tensors then hold: on CUDA, `step`'s
+    kernels recorded once as a CUDA graph and replayed (one launch instead of one per kernel); on
+    the CPU, `step` itself. `step` must read and write only tensors that outlive it, read
+    nothing back to the host, and return the same tensor each time (it is overwritten)."""
+    if device.type != "cuda":
+        return step
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        step()  # lazy initialisations (cuBLAS workspaces) happen here, not in the capture
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=_graph_pool(device)):
+        out = step()
+
+    def replay() -> Tensor:
+        graph.replay()
+        return out
+
+    return replay
+
+
+def _graph_pool(device: torch.device) -> tuple[int, int]:
+    """One memory pool for every graph of the process: graphs replay one at a time, on one stream,
+    and each keeps its output alive, so their temporaries can share memory."""
+    if device not in _POOLS:
+        _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]
+
+
+_POOLS: dict[torch.device, tuple[int, int]] = {}
+
+
+def _slots(index: Tensor, size: int) -> Tensor:
+    """`index` padded to `size` entries with 0: padding slots repeat the first entry's data."""
+    return F.pad(index, (0, size - index.size(0)))
+
+
+class StaticCache:
+    """A decoder layer's self-attention keys and values in buffers of a fixed shape (rows,
+    heads, length, d), so that a step's kernels are the same at every step: it writes its keys
+    and values at `position` (a device tensor) and attends over every position, later ones
+    masked. Taking the search's rows copies into the other of two buffers (`parity`)."""
+
+    def __init__(self, rows: int, heads: int, length: int, d_k: int, d_v: int, position: Tensor,
+                 dtype: torch.dtype) -> None:
+        def buffers() -> tuple[Tensor, Tensor]:
+            return (torch.zeros(rows, heads, length, d_k, dtype=dtype, device=position.device),
+                    torch.zeros(rows, heads, length, d_v, dtype=dtype, device=position.device))
+
+        self.buffers = (buffers(), buffers())
+        self.position, self.parity = position, 0
+        self.positions = torch.arange(length, device=position.device)
+
+    def extend(self, k: Tensor, v: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Keys and values of every position of the buffers (rows `rows` of the last step's, then
+        this step's), and the mask (1, 1, 1, length) of the positions so far."""
+        read, write = self.buffers[self.parity], self.buffers[1 - self.parity]
+        for past, out, new in zip(read, write, (k, v)):
+            torch.index_select(past, 0, rows, out=out)
+            out.index_copy_(2, self.position, new)
+        return write[0], write[1], (self.positions <= self.position).view(1, 1, 1, -1)
+
+
+class StaticDecoder:
+    """A model's search step (`Transformer.step_output`) over tensors of fixed shape, replayed by
+    `capture`: `sentences` slots of `beam` decoder rows each, sources padded to `src_len` keys,
+    caches of `length` positions. A batch of fewer sentences, or one whose sentences leave the
+    search, leaves slots unused (they repeat the first sentence); the search reads the first
+    rows. It is the step's `DecoderState` (memory_kv, src_mask, caches, rows, position)."""
+
+    def __init__(self, model: Transformer, sentences: int, beam: int, src_len: int, length: int) -> None:
+        config, weight = model.config, model.tgt_embed.tokens.weight
+        device, dtype, rows = weight.device, weight.dtype, sentences * beam
+        self.model, self.sentences = model, sentences
+        self.memory_kv = [(torch.zeros(sentences, config.heads, src_len, config.d_k, dtype=dtype, device=device),
+                           torch.zeros(sentences, config.heads, src_len, config.d_v, dtype=dtype, device=device))
+                          for _ in range(config.decoder_layers)]
+        self.src_mask = torch.ones(sentences, 1, 1, src_len, dtype=torch.bool, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.caches = [StaticCache(rows, config.heads, length, config.d_k, config.d_v, self.position, dtype)
+                       for _ in range(config.decoder_layers)]
+        self.identity = torch.arange(rows, device=device)
+        self.rows, self.tokens = self.identity.clone(), torch.zeros(rows, dtype=torch.long, device=device)
+        self.parity = 0
+        self.replays = [capture(lambda parity=parity: self._step(parity), device) for parity in (0, 1)]
+
+    def _step(self, parity: int) -> Tensor:
+        for cache in self.caches:
+            cache.parity = parity
+        return self.model.step_output(self.tokens, self)
+
+    def advance(self) -> None:
+        """Called by the step itself, so it is part of what is replayed."""
+        self.position.add_(1)
+        self.rows.copy_(self.identity)
+
+    def start(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
+        """Start a search over the encoder keys/values and mask of up to `sentences` sentences."""
+        self._load(memory_kv, src_mask)
+        self.position.zero_()
+        self.rows.copy_(self.identity)
+        self.parity = 0
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """The decoder's output for the next token of the search's rows `tokens`."""
+        self.tokens[: tokens.size(0)] = tokens
+        out = self.replays[self.parity]()
+        self.parity = 1 - self.parity
+        return out[: tokens.size(0)]
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """`DecoderState.reorder` within the slots: the sentences kept move to the first ones."""
+        self.rows[: rows.size(0)] = self.rows.index_select(0, rows)
+        if sentences is not None:
+            self._load([(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv],
+                       self.src_mask.index_select(0, sentences))
+
+    def _load(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
+        slots = F.pad(torch.arange(src_mask.size(0), device=src_mask.device), (0, self.sentences - src_mask.size(0)))
+        src_len = src_mask.size(-1)
+        for static, given in zip(self.memory_kv, memory_kv):  # keys beyond src_len are masked
+            for into, x in zip(static, given):
+                into[:, :, :src_len] = x.index_select(0, slots)
+        self.src_mask.zero_()
+        self.src_mask[..., :src_len] = src_mask.index_select(0, slots)
+
+
+class DecoderGraphs:
+    """A model's search steps on `StaticDecoder`s, one per shape: sentence slots a power of two,
+    source keys and positions multiples of 16, so that batches of similar size share one. The
+    most recently used `KEEP` are kept (each holds two caches of its largest size)."""
+
+    KEEP = 4
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self.decoders: dict[tuple[int, int, int, int], StaticDecoder] = {}
+
+    def start(self, src: Tensor, beam: int, length: int) -> StaticDecoder:
+        """Encode `src` and start a search of `beam` rows per sentence and up to `length` positions."""
+        state = self.model.init_state(*self.model.encode(src))
+        sentences, src_len = src.size(0), src.size(1)
+        key = (1 << (sentences - 1).bit_length(), beam, -(-src_len // 16) * 16,
+               min(-(-length // 16) * 16, self.model.config.max_positions))
+        decoder = self.decoders.pop(key, None)
+        if decoder is None:
+            if len(self.decoders) >= self.KEEP:
+                del self.decoders[next(iter(self.decoders))]
+            decoder = StaticDecoder(self.model, *key)
+        self.decoders[key] = decoder  # the most recent last
+        decoder.start(state.memory_kv, state.src_mask)
+        return decoder
+
+    @staticmethod
+    def step_output(tokens: Tensor, decoder: StaticDecoder) -> Tensor:
+        return decoder.step(tokens)

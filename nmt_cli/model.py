@@ -47,12 +47,17 @@ class Embedding(nn.Module):
             self.register_buffer("sinusoid", table, persistent=False)
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """`tokens` at positions offset, offset + 1, ...; a search step's one position may be a
+        (1,) tensor, so that its value stays on the device (kernels.StaticDecoder)."""
         length = tokens.size(1)
         table = self.learned.weight if self.learned is not None else self.sinusoid
-        if offset + length > table.size(0):
+        if isinstance(offset, Tensor):
+            positions = table.index_select(0, offset)
+        elif offset + length > table.size(0):
             raise ValueError(f"sequence of {offset + length} tokens exceeds max_positions={table.size(0)}")
-        positions = table[offset : offset + length]
+        else:
+            positions = table[offset : offset + length]
         return self.dropout(self.tokens(tokens) * self.scale + positions.to(self.tokens.weight.dtype))
 
 
@@ -193,11 +198,10 @@ class DecoderLayer(nn.Module):
         self.sublayers = nn.ModuleList(SublayerConnection(config) for _ in range(3))
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
-                cache: list[Tensor] | None = None, rows: Tensor | None = None) -> Tensor:
-        """Without `cache`, `x` is the whole target prefix, masked causally. With `cache` =
-        [keys, values] of earlier positions (empty at the first step), `x` is the next position
-        and the cache is extended in place, after taking its rows `rows` (the beams a search
-        kept) if given.
+                cache: GrowingCache | None = None, rows: Tensor | None = None) -> Tensor:
+        """Without `cache`, `x` is the whole target prefix, masked causally. With the `cache` of
+        earlier positions' keys and values, `x` is the next position: the cache takes its rows
+        `rows` (the beams a search kept) if given, and is extended by `x`'s keys and values.
 
         `x` may hold several rows per sentence of `memory_kv` (the beams of a search, each
         sentence's rows together): they share that sentence's encoder keys and values.
@@ -208,10 +212,8 @@ class DecoderLayer(nn.Module):
             q, k, v = self.self_attn.project_qkv(y)
             if not step:
                 return self.self_attn.attend(q, k, v, None, causal=True)
-            if cache:
-                k, v = append_position(cache[0], k, rows), append_position(cache[1], v, rows)
-            cache[:] = [k, v]
-            return self.self_attn.attend(q, k, v, None, causal=False, step=True)
+            k, v, mask = cache.extend(k, v, rows)
+            return self.self_attn.attend(q, k, v, mask, causal=False, step=True)
 
         def cross_attention(y: Tensor) -> Tensor:
             # one sentence's queries (rows x positions) attend together to its encoder output
@@ -240,17 +242,33 @@ def append_position(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
     return out
 
 
+class GrowingCache:
+    """A decoder layer's self-attention keys and values of the positions so far, one row per
+    decoder row; each step copies them once, taking the rows a search kept and adding its own."""
+
+    def __init__(self) -> None:
+        self.kv: tuple[Tensor, Tensor] | None = None
+
+    def extend(self, k: Tensor, v: Tensor, rows: Tensor | None) -> tuple[Tensor, Tensor, None]:
+        """Keys and values of every position so far (no mask needed: all are real)."""
+        if self.kv is not None:
+            k, v = append_position(self.kv[0], k, rows), append_position(self.kv[1], v, rows)
+        self.kv = (k, v)
+        return k, v, None
+
+
 class DecoderState:
     """What `decode_step` needs between steps: the encoder's keys/values per layer and the
     source mask (one row per sentence), each layer's self-attention cache (one row per decoder
-    row: a sentence's beams are consecutive rows), and the cache rows to take at the next step."""
+    row: a sentence's beams are consecutive rows), the cache rows to take at the next step, and
+    the next position."""
 
     def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
         self.memory_kv = memory_kv
         self.src_mask = src_mask
-        self.caches: list[list[Tensor]] = [[] for _ in memory_kv]
+        self.caches = [GrowingCache() for _ in memory_kv]
         self.rows: Tensor | None = None
-        self.step = 0
+        self.position = 0
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Continue from decoder rows `rows` (the beams a search kept), and where sentences are
@@ -262,6 +280,9 @@ class DecoderState:
             self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, sentences)
         self.rows = rows if self.rows is None else self.rows.index_select(0, rows)
+
+    def advance(self) -> None:
+        self.position, self.rows = self.position + 1, None
 
 
 class Transformer(nn.Module):
@@ -369,8 +390,8 @@ class Transformer(nn.Module):
     def step_output(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The decoder's output (batch, d_model) for the next token, before the projection to the
         vocabulary; updates `state`."""
-        x = self.tgt_embed(tokens[:, None], offset=state.step)
+        x = self.tgt_embed(tokens[:, None], offset=state.position)
         for layer, kv, cache in zip(self.decoder_layers, state.memory_kv, state.caches):
             x = layer(x, kv, state.src_mask, cache, state.rows)
-        state.step, state.rows = state.step + 1, None
+        state.advance()
         return self.decoder_norm(x)[:, 0]

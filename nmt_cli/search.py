@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.kernels import search_projection, steps_between_reads, top_k
+from nmt_cli.kernels import DecoderGraphs, StaticDecoder, search_projection, steps_between_reads, top_k
 from nmt_cli.model import DecoderState, Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -48,16 +48,22 @@ def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -
 
 
 class Ensemble:
-    """One or more models decoding together; their probabilities are averaged (in log space) each step."""
+    """One or more models decoding together; their probabilities are averaged (in log space) each
+    step. With `graphs`, beam search runs each model's decoder on tensors of fixed shape, which a
+    GPU replays as CUDA graphs (`kernels.DecoderGraphs`); sampling cannot."""
 
-    def __init__(self, models: Sequence[Transformer]) -> None:
+    def __init__(self, models: Sequence[Transformer], graphs: bool = False) -> None:
         self.models = list(models)
         self.projections = [search_projection(m) for m in self.models]
         self.max_positions = min(m.config.max_positions for m in self.models)
         weight = self.models[0].tgt_embed.tokens.weight
         self.vocab_size = weight.size(0)
+        self.graphs = [DecoderGraphs(m) for m in self.models] if graphs else None
 
-    def start(self, src: Tensor) -> list[DecoderState]:
+    def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState | StaticDecoder]:
+        """Encode `src` for a search of `beam` rows per sentence and up to `length` positions."""
+        if self.graphs is not None:
+            return [graphs.start(src, beam, length) for graphs in self.graphs]
         return [model.init_state(*model.encode(src)) for model in self.models]
 
     def top_tokens(self, tokens: Tensor, states: list[DecoderState], k: int, banned: Tensor,
@@ -70,7 +76,7 @@ class Ensemble:
         log-probabilities, so the (rows, vocab) matrix never exists whole: memory stays small
         with large vocabularies, and each block is still in cache when it is read again.
         """
-        outputs = [m.step_output(tokens, s) for m, s in zip(self.models, states)]
+        outputs = [m.step_output(tokens, s) for m, s in zip(self.graphs or self.models, states)]
         rows = tokens.size(0)
         block = max(1, BLOCK_FLOATS // self.vocab_size)
         values, indices = [], []
@@ -225,9 +231,9 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
     limit = limits.tolist()
     # The first step has one row per sentence (all its beams would be the same BOS prefix); the
     # sentence's `beam` rows come from its best continuations. Not when the vocabulary cannot
-    # fill a beam from one row.
+    # fill a beam from one row, nor with graphs (whose rows are fixed).
     k = min(2 * beam, models.vocab_size)
-    width = 1 if k >= beam else beam
+    width = 1 if k >= beam and models.graphs is None else beam
     scores = torch.zeros(batch, width, device=device)
     scores[:, 1:] = -math.inf  # identical beams: expand the first only
     # A live hypothesis can beat a finished score only if its log-probability over the penalty of
@@ -235,7 +241,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
     bound = torch.tensor([length_penalty(n + 1, config.lenpen) for n in limit], dtype=torch.float64, device=device)
     beams = Beams(scores, torch.full((batch * width, 1), BOS_ID, device=device), torch.arange(batch, device=device),
                   limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
-    states = models.start(src)  # one encoder row per sentence, shared by its decoder rows
+    states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
     finished = Finished(batch, beam, max(limit) + 1, device)
     banned, read_every = banned_tokens(config, device), steps_between_reads(device)
 
@@ -275,6 +281,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     probable tokens or the nucleus of probability `sampling_topp` when given (back-translation).
     A sentence's samples are consecutive decoder rows; rows that finished wait for the others
     (the host reads whether all have finished every `kernels.steps_between_reads` steps)."""
+    assert models.graphs is None, "sampling changes its number of rows: it runs without graphs"
     batch, n, device = src.size(0), config.nbest, src.device
     limits = output_limits(src, prefixes, config, models.max_positions)
     soonest_limit, states = int(limits.min()), models.start(src)

@@ -48,7 +48,9 @@ class Translator:
         if config.quantize == "int8":
             for model in models:
                 quantize_int8(model, device, dtype)
-        self.models = Ensemble(models)
+        if config.cuda_graphs and device.type != "cuda":
+            raise NmtError(f"--cuda-graphs needs a CUDA device, not {device.type}")
+        self.models = Ensemble(models, graphs=config.cuda_graphs and not config.search.sampling)
         codes = first.bpe_codes if config.input_format == "raw" else None
         self.source = TextProcessor(first.text, first.text.source_lang, codes, first.sentencepiece)
         target_codes = codes if config.prefix else None  # BPE on the target side only for --prefix

@@ -93,3 +93,71 @@ def block_import(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", blocked)
+
+
+# .item(), int(), bool(), .tolist(), x[mask]...: operations that make the host wait for the device
+HOST_READS = ("_local_scalar_dense", "nonzero", "equal", "is_nonzero", "masked_select")
+
+
+def replayed(step, device=None):
+    """A CUDA graph emulated on the CPU, to test code meant for `kernels.capture`: `step` runs
+    once (as capture's warm-up does) while every aten operation it makes is recorded, and the
+    callable returned replays those operations, and only those: a Python value (a shape, an
+    int, a branch taken) stays what it was at the recording, a tensor made outside `step` is
+    that same tensor with whatever it then holds, and a tensor made inside is made anew. A read
+    back to the host fails, as it fails a CUDA graph's capture."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    class Made:  # a reference to the output of an earlier operation
+        def __init__(self, slot: int) -> None:
+            self.slot = slot
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.operations, self.made = [], {}  # id -> (slot, tensor): tensors made inside
+
+        def ref(self, x):
+            made = self.made.get(id(x)) if isinstance(x, torch.Tensor) else None
+            return Made(made[0]) if made is not None and made[1] is x else x
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.__name__.split(".")[0]
+            masks = [x for x in tree_flatten(args)[0] if isinstance(x, torch.Tensor) and x.dtype == torch.bool]
+            if name in HOST_READS or (name in ("index", "index_put", "index_put_") and masks):  # x[mask]: nonzero
+                raise AssertionError(f"{func} reads back to the host: a CUDA graph cannot hold it")
+            template = tree_map(self.ref, (args, kwargs))
+            out = func(*args, **kwargs)
+            given = {id(x) for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)}
+            slots = []
+            for x in tree_flatten(out)[0]:
+                new = isinstance(x, torch.Tensor) and id(x) not in given and id(x) not in self.made
+                if new:
+                    self.made[id(x)] = (len(self.made), x)
+                slots.append(self.made[id(x)][0] if new else None)
+            self.operations.append((func, template, slots))
+            return out
+
+    recorder = Recorder()
+    with recorder:
+        result = step()
+    operations, result = recorder.operations, recorder.ref(result)
+    recorder.made.clear()
+
+    def replay():
+        made = {}
+
+        def value(x):
+            return made[x.slot] if isinstance(x, Made) else x
+
+        for func, template, slots in operations:
+            args, kwargs = tree_map(value, template)
+            for slot, x in zip(slots, tree_flatten(func(*args, **kwargs))[0]):
+                if slot is not None:
+                    made[slot] = x
+        return value(result)
+
+    return replay

@@ -127,6 +127,27 @@ def test_the_search_on_the_gpu_finds_the_cpus_hypotheses_and_rarely_waits(dtype)
         assert [s[0].tokens for s in on_gpu] == [s[0].tokens for s in on_cpu]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_search_replayed_as_cuda_graphs_finds_the_eager_hypotheses(dtype):
+    """Ensemble(graphs=True) captures the decoder's steps as CUDA graphs and replays them: the
+    hypotheses of the eager search on the same GPU, batch after batch."""
+    model = random_model(40, 3, scale=3.0).to("cuda", dtype)
+    config = SearchConfig(beam=4, nbest=2, max_len_a=3.0, max_len_b=20)
+    graphed = Ensemble([model], graphs=True)
+    batches = [[[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]],
+               [[8, 9], [10, 11, 12], [13], [4, 4, 4, 4], [6, 5, 4], [12, 11], [9, 9, 9, 9, 9]]]
+    for rows in batches:
+        src = sources(rows, 40).cuda()
+        eager, found = (beam_search(models, src, config) for models in (Ensemble([model]), graphed))
+        if dtype == torch.float32:
+            assert [[h.tokens for h in s] for s in found] == [[h.tokens for h in s] for s in eager]
+            assert [h.score for s in found for h in s] == pytest.approx([h.score for s in eager for h in s], abs=1e-4)
+        else:  # the padded keys change bf16 roundings: the best hypotheses agree
+            assert sum(a[0].tokens == b[0].tokens for a, b in zip(found, eager)) >= len(rows) - 1
+    replays = [replay for decoder in graphed.graphs[0].decoders.values() for replay in decoder.replays]
+    assert replays and all(replay.__name__ == "replay" for replay in replays)  # captured, not run eagerly
+
+
 def translate_cli(model, lines, *options):
     result = CliRunner().invoke(main, ["translate", "-m", str(model), *map(str, options)],
                                 input="\n".join(lines) + "\n")
@@ -144,8 +165,8 @@ def copier(tmp_path):
 
 def test_translate_on_the_gpu_with_every_search_option(tmp_path):
     """`nmt translate --device cuda` (bf16 by --precision auto) gives the CPU's translations and
-    scores, n-best lists, ensembles, attention weights, reproducible samples, and outputs that
-    start with their prefixes."""
+    scores, n-best lists, ensembles, the same translations with --cuda-graphs, attention weights,
+    reproducible samples, and outputs that start with their prefixes."""
     model, lines = copier(tmp_path)
     on = {device: translate_cli(model, lines, "--device", device) for device in ("cuda", "cpu")}
     assert sum(a == b for a, b in zip(on["cuda"], on["cpu"])) >= 0.9 * len(lines)
@@ -160,6 +181,8 @@ def test_translate_on_the_gpu_with_every_search_option(tmp_path):
     assert sampled[0] == sampled[1] and all(len(json.loads(r)["nbest"]) == 3 for r in sampled[0])
     twice = translate_cli(model, lines, "-m", model, "--device", "cuda")  # an ensemble of the model with itself
     assert sum(a == b for a, b in zip(twice, on["cuda"])) >= 0.9 * len(lines)
+    graphed = translate_cli(model, lines, "--device", "cuda", "--cuda-graphs")
+    assert sum(a == b for a, b in zip(graphed, on["cuda"])) >= 0.9 * len(lines)
     attention = [json.loads(r)["attention"] for r in translate_cli(model, lines[:3], "--device", "cuda", "--format",
                                                                     "jsonl", "--attention")]
     assert all(sum(row) == pytest.approx(1.0, abs=1e-2) for a in attention for row in a["weights"])

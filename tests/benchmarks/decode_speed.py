@@ -1,5 +1,5 @@
 """Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--quantize int8]
-[--device cuda --precision bf16 --profile FILE]`.
+[--device cuda --precision bf16 --cuda-graphs --profile FILE]`.
 
 Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
 Translator, timing the translation only (model loading excluded), and prints one JSON line:
@@ -8,7 +8,9 @@ sacreBLEU of the output too. On a GPU, the first 64 sentences are translated onc
 warm-up), and the line also gives the calls that made the host wait for the GPU
 (torch.cuda.set_sync_debug_mode). `--profile FILE` translates again under torch.profiler, writes
 its operator table to FILE and adds `device_busy`: the GPU's kernel time over the wall time of
-that translation (the share of the search the GPU works).
+that translation (the share of the search the GPU works). `--cuda-graphs` replays the decoder's
+steps as CUDA graphs (`nmt translate --cuda-graphs`); the warm-up then also captures the graphs of
+the first batch's shape.
 """
 
 from __future__ import annotations
@@ -65,12 +67,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--quantize", choices=["int8"], default=None)
+    parser.add_argument("--cuda-graphs", action="store_true")
     parser.add_argument("--profile", type=Path, help="write a torch.profiler table of a second translation here")
     args = parser.parse_args()
     device, dtype = select(args.device, args.precision, args.threads)  # threads and memory as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
-                               quantize=args.quantize)
+                               quantize=args.quantize, cuda_graphs=args.cuda_graphs)
     translator = Translator([load_bundle(args.model)], options, device, dtype)
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
     if device.type == "cuda":
@@ -80,6 +83,7 @@ def main() -> None:
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
     result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
               "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": args.quantize,
+              "cuda_graphs": args.cuda_graphs,
               "threads": torch.get_num_threads(), "seconds": round(seconds, 2),
               "sentences_per_s": round(len(lines) / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1),
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}

@@ -6,7 +6,7 @@
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
 #   STAGES="tests speed compile decode"   which parts to run (default: all but decode)
 #   DECODE_ARCHS="small base"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each, then
-#     decodes test_2016_flickr in fp32 and bf16, and times `nmt translate` of 100 lines on GPU and CPU
+#     decodes test_2016_flickr in fp32 and bf16, without and with --cuda-graphs, and times `nmt translate` of 100 lines on GPU and CPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
@@ -47,10 +47,13 @@ if [[ $STAGES == *decode* ]]; then
         timeout 300 python3 -m nmt_cli train "$work/data" --save-dir "$work/$arch" --arch "$arch" --device cuda \
             --lr-schedule inverse-sqrt --lr 1e-3 --warmup 400 --max-tokens 8192 --max-time "${TRAIN_MINUTES:-1.5}" \
             --quiet 2>>"$OUT/stderr.txt"
-        for precision in fp32 bf16; do
-            timeout 120 python3 tests/benchmarks/decode_speed.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
-                --precision "$precision" --ref "$multi30k/test_2016_flickr.de" \
-                --profile "$OUT/decode_profile_${arch}_$precision.txt" 2>>"$OUT/stderr.txt" | tee -a "$OUT/decode_speed.jsonl"
+        for graphs in "" --cuda-graphs; do
+            for precision in fp32 bf16; do
+                timeout 120 python3 tests/benchmarks/decode_speed.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
+                    --precision "$precision" $graphs --ref "$multi30k/test_2016_flickr.de" \
+                    --profile "$OUT/decode_profile_${arch}_$precision$graphs.txt" 2>>"$OUT/stderr.txt" \
+                    | tee -a "$OUT/decode_speed.jsonl"
+            done
         done
         for device in cuda cpu; do
             timeout 120 python3 tests/benchmarks/translate_startup.py -m "$work/$arch/checkpoint_last.pt" \
