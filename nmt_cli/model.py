@@ -49,7 +49,7 @@ class Embedding(nn.Module):
 
     def forward(self, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
         """`tokens` at positions offset, offset + 1, ...; a search step's one position may be a
-        (1,) tensor, so that its value stays on the device (kernels.StaticDecoder)."""
+        (1,) tensor, so that its value stays on the device (graphs.StaticDecoder)."""
         length = tokens.size(1)
         table = self.learned.weight if self.learned is not None else self.sinusoid
         if isinstance(offset, Tensor):

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.kernels import DecoderGraphs, StaticDecoder, search_projection, steps_between_reads, top_k
+from nmt_cli.graphs import DecoderGraphs, StaticDecoder
+from nmt_cli.kernels import search_projection, steps_between_reads, top_k
 from nmt_cli.model import DecoderState, Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -50,7 +51,7 @@ def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -
 class Ensemble:
     """One or more models decoding together; their probabilities are averaged (in log space) each
     step. With `graphs`, beam search runs each model's decoder on tensors of fixed shape, which a
-    GPU replays as CUDA graphs (`kernels.DecoderGraphs`); sampling cannot."""
+    GPU replays as CUDA graphs (`graphs.DecoderGraphs`); sampling cannot."""
 
     def __init__(self, models: Sequence[Transformer], graphs: bool = False) -> None:
         self.models = list(models)

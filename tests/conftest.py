@@ -100,7 +100,7 @@ HOST_READS = ("_local_scalar_dense", "nonzero", "equal", "is_nonzero", "masked_s
 
 
 def replayed(step, device=None):
-    """A CUDA graph emulated on the CPU, to test code meant for `kernels.capture`: `step` runs
+    """A CUDA graph emulated on the CPU, to test code meant for `graphs.capture`: `step` runs
     once (as capture's warm-up does) while every aten operation it makes is recorded, and the
     callable returned replays those operations, and only those: a Python value (a shape, an
     int, a branch taken) stays what it was at the recording, a tensor made outside `step` is

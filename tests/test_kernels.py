@@ -100,22 +100,3 @@ def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypa
     monkeypatch.setattr(kernels.ctypes, "CDLL", lambda name: object())  # a C library without mallopt
     assert not kernels.keep_freed_memory()
 
-
-def test_the_cuda_graph_emulation_replays_operations_with_the_values_of_their_recording():
-    """conftest.replayed, which tests kernels.StaticDecoder on the CPU (test_search.py), is a
-    replay, not a second run."""
-    from conftest import replayed
-
-    outside, calls = torch.zeros(3), []
-
-    def step():
-        calls.append(1)
-        outside.add_(1)
-        return outside * len(calls)  # a Python value: what it was at the recording
-
-    replay = replayed(step)
-    outside.fill_(10)
-    assert replay().tolist() == [11.0] * 3 and outside.tolist() == [11.0] * 3 and len(calls) == 1
-    for read in (lambda: outside * outside.sum().item(), lambda: outside[outside > 0], lambda: bool(outside.any())):
-        with pytest.raises(AssertionError, match="reads back to the host"):
-            replayed(read)

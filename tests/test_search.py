@@ -249,49 +249,6 @@ def test_a_prefix_longer_than_the_length_limit_still_ends_in_a_token_after_it():
     assert hyps[0][0].tokens[:4] == [7, 8, 9, 10] and len(hyps[0][0].tokens) <= 5
 
 
-GRAPH_CASES = {  # members, beam, nbest, prefixes of the 5 sentences
-    "beam 4, 2-best": (1, 4, 2, None),
-    "greedy": (1, 1, 1, None),
-    "beam 3, prefixes": (1, 3, 1, [[9, 9], [], [4], [5, 6, 7], []]),
-    "ensemble": (2, 4, 1, None),
-}
-
-
-@pytest.mark.parametrize("capture", ["eager", "replayed"])
-@pytest.mark.parametrize("case", GRAPH_CASES)
-def test_the_search_on_fixed_shapes_finds_the_same_hypotheses(monkeypatch, capture, case):
-    """Ensemble(graphs=True): the decoder on fixed-shape tensors (kernels.StaticDecoder), run as
-    it is on the CPU and replayed as a CUDA graph would be (conftest.replayed), finds the
-    hypotheses of the search with growing caches: as sentences leave, two batches sharing one
-    decoder, and a second batch that needs another."""
-    from conftest import replayed
-
-    if capture == "replayed":
-        monkeypatch.setattr(kernels, "capture", replayed)
-    compactions = []
-    reorder = kernels.StaticDecoder.reorder
-    monkeypatch.setattr(kernels.StaticDecoder, "reorder",
-                        lambda self, rows, sentences=None: compactions.append(sentences is not None)
-                        or reorder(self, rows, sentences))
-    members, beam, nbest, prefixes = GRAPH_CASES[case]
-    models = [random_model(15, seed, scale=3.0) for seed in range(members)]
-    batches = [[[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [7, 7, 7, 7, 7, 7, 7, 7, 7]],
-               [[8, 9], [10, 11, 12], [13], [4, 4, 4, 4], [6, 5, 4], [12, 11], [9, 9, 9, 9, 9]],
-               [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 4, 5, 6, 7, 8, 9, 10]]]
-    config = SearchConfig(beam=beam, nbest=nbest, max_len_a=1.0, max_len_b=4)
-    graphed = Ensemble(models, graphs=True)
-    for rows in batches:
-        given = prefix_tensor(prefixes) if prefixes and len(rows) == len(prefixes) else None
-        expected = beam_search(Ensemble(models), sources(rows, 15), config, given)
-        found = beam_search(graphed, sources(rows, 15), config, given)
-        assert [[h.tokens for h in hyps] for hyps in found] == [[h.tokens for h in hyps] for hyps in expected]
-        assert [h.score for hyps in found for h in hyps] == pytest.approx(
-            [h.score for hyps in expected for h in hyps], abs=1e-5)
-    assert any(compactions)
-    # 5 and 7 sentences share 8 slots; 17 source tokens need 32 keys
-    assert [list(graphs.decoders) for graphs in graphed.graphs] == [[(8, beam, 16, 16), (1, beam, 32, 32)]] * members
-
-
 def seeded(seed):
     return torch.Generator().manual_seed(seed)
 
