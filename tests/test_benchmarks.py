@@ -40,6 +40,15 @@ def test_decode_speed(tmp_path):
     assert result["device_busy"] is None and "aten::" in (tmp_path / "profile.txt").read_text()
 
 
+def test_graph_check(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    (result,) = run("graph_check.py", "-m", model, "-i", source, "--ref", source, "--threads", 1, "--replayed")
+    assert result["same_lines"] == 3 and result["bleu"] == result["graph_bleu"]
+    assert result["decoders"] == [[4, 4, 16, 64]]  # 3 sentences in 4 slots, beam 4, 16 keys, 64 positions
+    assert result["operations_per_step"]["decoder"] > 0 and result["operations_per_step"]["rest"] > 0
+
+
 def test_gpu_speed_runs_its_code_path_on_the_cpu():
     # A CPU-sized peak (1 TFLOP/s): against the default H100 peak, the CPU's MFU rounds to 0.0 in a slow run.
     result, plain, ratio = run("gpu_speed.py", "--device", "cpu", "--precision", "fp32", "--arch", "small",

@@ -6,7 +6,8 @@
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
 #   STAGES="tests speed compile decode"   which parts to run (default: all but decode)
 #   DECODE_ARCHS="small base"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each, then
-#     decodes test_2016_flickr in fp32 and bf16, without and with --cuda-graphs, and times `nmt translate` of 100 lines on GPU and CPU
+#     decodes test_2016_flickr in fp32 and bf16, without and with --cuda-graphs (graph_check.py: the
+#     same lines?), and times `nmt translate` of 100 lines on GPU and CPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
@@ -55,6 +56,8 @@ if [[ $STAGES == *decode* ]]; then
                     | tee -a "$OUT/decode_speed.jsonl"
             done
         done
+        timeout 120 python3 tests/benchmarks/graph_check.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
+            --precision bf16 2>>"$OUT/stderr.txt" | tee -a "$OUT/graph_check.jsonl"
         for device in cuda cpu; do
             timeout 120 python3 tests/benchmarks/translate_startup.py -m "$work/$arch/checkpoint_last.pt" \
                 --device "$device" 2>>"$OUT/stderr.txt" | tee -a "$OUT/translate_startup.jsonl"
