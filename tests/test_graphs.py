@@ -5,11 +5,13 @@ on a GPU, tests/test_gpu.py replays real CUDA graphs."""
 import pytest
 import torch
 from conftest import replayed
-from test_search import prefix_tensor, random_model, sources
+from test_search import TINY, prefix_tensor, random_model, sources
 
 from nmt_cli import graphs
 from nmt_cli.config import SearchConfig
+from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, beam_search
+from nmt_cli.vocab import PAD_ID
 
 
 def test_the_cuda_graph_emulation_replays_operations_with_the_values_of_their_recording():
@@ -29,12 +31,23 @@ def test_the_cuda_graph_emulation_replays_operations_with_the_values_of_their_re
             replayed(read)
 
 
-GRAPH_CASES = {  # members, beam, nbest, prefixes of the 5 sentences
-    "beam 4, 2-best": (1, 4, 2, None),
-    "greedy": (1, 1, 1, None),
-    "beam 3, prefixes": (1, 3, 1, [[9, 9], [], [4], [5, 6, 7], []]),
-    "ensemble": (2, 4, 1, None),
+GRAPH_CASES = {  # members, beam, nbest, prefixes of the 5 sentences, model
+    "beam 4, 2-best": (1, 4, 2, None, {}),
+    "greedy": (1, 1, 1, None, {}),
+    "beam 3, prefixes": (1, 3, 1, [[9, 9], [], [4], [5, 6, 7], []], {}),
+    "ensemble": (2, 4, 1, None, {}),
+    "pre-norm, learned positions": (1, 4, 1, None, {"norm": "pre", "positions": "learned"}),
 }
+
+
+def model(seed, **variant):
+    torch.manual_seed(seed)
+    built = Transformer(TINY.replace(**variant), 15, 15, PAD_ID, True).eval()
+    with torch.no_grad():
+        built.tgt_embed.tokens.weight.mul_(3.0)  # sharper distributions
+        if built.tgt_embed.learned is not None:
+            built.tgt_embed.learned.weight.mul_(3.0)  # positions that matter
+    return built
 
 
 @pytest.mark.parametrize("capture", ["eager", "replayed"])
@@ -51,8 +64,8 @@ def test_the_search_on_fixed_shapes_finds_the_same_hypotheses(monkeypatch, captu
     monkeypatch.setattr(graphs.StaticDecoder, "reorder",
                         lambda self, rows, sentences=None: compactions.append(sentences is not None)
                         or reorder(self, rows, sentences))
-    members, beam, nbest, prefixes = GRAPH_CASES[case]
-    models = [random_model(15, seed, scale=3.0) for seed in range(members)]
+    members, beam, nbest, prefixes, variant = GRAPH_CASES[case]
+    models = [model(seed, **variant) for seed in range(members)]
     batches = [[[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [7, 7, 7, 7, 7, 7, 7, 7, 7]],
                [[8, 9], [10, 11, 12], [13], [4, 4, 4, 4], [6, 5, 4], [12, 11], [9, 9, 9, 9, 9]],
                [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 4, 5, 6, 7, 8, 9, 10]]]
