@@ -56,11 +56,6 @@ def _graph_pool(device: torch.device) -> tuple[int, int]:
 _POOLS: dict[torch.device, tuple[int, int]] = {}
 
 
-def _slots(index: Tensor, size: int) -> Tensor:
-    """`index` padded to `size` entries with 0: padding slots repeat the first entry's data."""
-    return F.pad(index, (0, size - index.size(0)))
-
-
 class StaticCache:
     """A decoder layer's self-attention keys and values in buffers of a fixed shape (rows,
     heads, length, d), so that a step's kernels are the same at every step: it writes its keys
@@ -142,6 +137,7 @@ class StaticDecoder:
                        self.src_mask.index_select(0, sentences))
 
     def _load(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
+        """The sentences' encoder keys/values and mask into the first slots; the others repeat the first."""
         slots = F.pad(torch.arange(src_mask.size(0), device=src_mask.device), (0, self.sentences - src_mask.size(0)))
         src_len = src_mask.size(-1)
         for static, given in zip(self.memory_kv, memory_kv):  # keys beyond src_len are masked

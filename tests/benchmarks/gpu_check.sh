@@ -56,7 +56,7 @@ if [[ $STAGES == *decode* ]]; then
                     | tee -a "$OUT/decode_speed.jsonl"
             done
         done
-        timeout 120 python3 tests/benchmarks/graph_check.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
+        timeout 180 python3 tests/benchmarks/graph_check.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
             --precision bf16 2>>"$OUT/stderr.txt" | tee -a "$OUT/graph_check.jsonl"
         for device in cuda cpu; do
             timeout 120 python3 tests/benchmarks/translate_startup.py -m "$work/$arch/checkpoint_last.pt" \
