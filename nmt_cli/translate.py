@@ -61,6 +61,7 @@ class Translator:
         else:
             self.generator.manual_seed(config.search.seed)
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
+        self.halved = False  # a batch was split after running out of GPU memory (warned once)
 
     def encode(self, line: str, number: int, side: str = "source") -> list[int]:
         """Source (or, for --prefix, target) token ids of a line, cut to the model's positions."""
@@ -92,17 +93,37 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         for batch in self.batches(order, sources):
-            src = pad([np.array(sources[i] + [EOS_ID]) for i in batch]).to(self.device)
-            forced = None
-            if prefixes is not None and any(prefixes[i] for i in batch):
-                forced = pad([np.array(prefixes[i], dtype=np.int64) for i in batch], value=-1).to(self.device)
-            if search.sampling:
-                hyps = sample(self.models, src, search, self.generator, forced)
-            else:
-                hyps = beam_search(self.models, src, search, forced)
-            for i, h in zip(batch, hyps):
+            for i, h in zip(batch, self.search_fitting(batch, sources, prefixes, search)):
                 results[i] = h
         return results
+
+    def search_fitting(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
+                       search: SearchConfig) -> list[list[Hypothesis]]:
+        """The hypotheses of `batch`; where the GPU runs out of memory, those of its two halves."""
+        try:
+            return self.search_batch(batch, sources, prefixes, search)
+        except torch.cuda.OutOfMemoryError:
+            if len(batch) == 1:
+                raise NmtError(f"CUDA out of memory translating a single sentence of {len(sources[batch[0]])} "
+                               "tokens; use a smaller --beam or --device cpu") from None
+        torch.cuda.empty_cache()
+        if not self.halved:
+            self.warn(f"warning: CUDA out of memory for {len(batch)} sentences at once: translating such batches "
+                      "in halves (a smaller --max-tokens avoids the retries)")
+            self.halved = True
+        half = len(batch) // 2
+        return [hyps for part in (batch[:half], batch[half:])
+                for hyps in self.search_fitting(part, sources, prefixes, search)]
+
+    def search_batch(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
+                     search: SearchConfig) -> list[list[Hypothesis]]:
+        src = pad([np.array(sources[i] + [EOS_ID]) for i in batch]).to(self.device)
+        forced = None
+        if prefixes is not None and any(prefixes[i] for i in batch):
+            forced = pad([np.array(prefixes[i], dtype=np.int64) for i in batch], value=-1).to(self.device)
+        if search.sampling:
+            return sample(self.models, src, search, self.generator, forced)
+        return beam_search(self.models, src, search, forced)
 
     def batches(self, order: list[int], sources: list[list[int]]) -> Iterator[list[int]]:
         """Consecutive runs of the length-sorted order within max_tokens (x beam) and batch_size."""

@@ -38,6 +38,32 @@ def test_batched_equals_one_by_one_and_keeps_order(model_path):
     assert small_batches == batched
 
 
+def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, tmp_path, monkeypatch):
+    from nmt_cli import translate
+
+    expected = translator(model_path).translate_lines(LINES)
+    searched, search = [], translate.beam_search
+
+    def short_of_memory(models, src, *args):
+        searched.append(src.size(0))
+        if src.size(0) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return search(models, src, *args)
+
+    monkeypatch.setattr(translate, "beam_search", short_of_memory)
+    warnings = []
+    assert translator(model_path, warnings).translate_lines(LINES) == expected
+    assert searched == [6, 3, 1, 2, 3, 1, 2]  # the 6 non-empty lines, then halves of halves
+    assert warnings == ["warning: CUDA out of memory for 6 sentences at once: translating such batches in halves "
+                        "(a smaller --max-tokens avoids the retries)"]
+    monkeypatch.setattr(translate, "beam_search", lambda *args: short_of_memory(*args[:1], args[1].repeat(3, 1)))
+    write_lines(tmp_path / "in.txt", ["a b c"])
+    result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
+    assert result.exit_code == 1 and not (tmp_path / "out.txt").exists()
+    assert result.output.strip().splitlines()[-1] == ("Error: CUDA out of memory translating a single sentence of 3 "
+                                                      "tokens; use a smaller --beam or --device cpu")
+
+
 def test_line_longer_than_positions_is_truncated_with_a_warning(tmp_path):
     path = tiny_checkpoint(tmp_path / "short.pt", max_positions=8)
     warnings = []
