@@ -12,6 +12,7 @@ from nmt_cli import NmtError, kernels
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.search import Ensemble
 from nmt_cli.translate import Translator, quantize_int8, translate_stream
 
 LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
@@ -50,10 +51,15 @@ def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, t
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return search(models, src, *args)
 
-    monkeypatch.setattr(translate, "beam_search", short_of_memory)
     warnings = []
-    assert translator(model_path, warnings).translate_lines(LINES) == expected
+    halving = translator(model_path, warnings)
+    halving.models = Ensemble(halving.models.models, graphs=True)  # as --cuda-graphs does on a GPU
+    halving.translate_lines(LINES)
+    assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [8]
+    monkeypatch.setattr(translate, "beam_search", short_of_memory)
+    assert halving.translate_lines(LINES) == expected
     assert searched == [6, 3, 1, 2, 3, 1, 2]  # the 6 non-empty lines, then halves of halves
+    assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [1, 2]  # the 8-slot one was given back
     assert warnings == ["warning: CUDA out of memory for 6 sentences at once: translating such batches in halves "
                         "(a smaller --max-tokens avoids the retries)"]
     monkeypatch.setattr(translate, "beam_search", lambda *args: short_of_memory(*args[:1], args[1].repeat(3, 1)))
