@@ -92,7 +92,7 @@ class Translator:
         search = search or self.config.search
         results: list[list[Hypothesis]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
-        for batch in self.batches(order, sources):
+        for batch in batches(order, sources, self.config):
             for i, h in zip(batch, self.search_fitting(batch, sources, prefixes, search)):
                 results[i] = h
         return results
@@ -126,19 +126,6 @@ class Translator:
         if search.sampling:
             return sample(self.models, src, search, self.generator, forced)
         return beam_search(self.models, src, search, forced)
-
-    def batches(self, order: list[int], sources: list[list[int]]) -> Iterator[list[int]]:
-        """Consecutive runs of the length-sorted order within max_tokens (x beam) and batch_size."""
-        batch: list[int] = []
-        for i in order:
-            width = len(sources[i]) + 1
-            too_many = self.config.batch_size is not None and len(batch) >= self.config.batch_size
-            if batch and (too_many or (len(batch) + 1) * width > self.config.max_tokens):
-                yield batch
-                batch = []
-            batch.append(i)
-        if batch:
-            yield batch
 
     def search_lines(self, lines: list[str], first_number: int = 1,
                      search: SearchConfig | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
@@ -203,6 +190,20 @@ class Translator:
             record["attention"] = {"layer": layer, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
                                    "weights": [[round(w, 5) for w in row] for row in matrix.tolist()]}
         return record
+
+
+def batches(order: list[int], sources: list[list[int]], config: TranslateConfig) -> Iterator[list[int]]:
+    """Consecutive runs of the length-sorted `order` within --max-tokens and --batch-size."""
+    batch: list[int] = []
+    for i in order:
+        width = len(sources[i]) + 1
+        too_many = config.batch_size is not None and len(batch) >= config.batch_size
+        if batch and (too_many or (len(batch) + 1) * width > config.max_tokens):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
 
 
 def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) -> None:

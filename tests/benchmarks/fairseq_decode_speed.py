@@ -27,6 +27,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
 from nmt_cli.checkpoint import ModelBundle
+from nmt_cli.translate import batches
 
 
 def fairseq_rows(weight: torch.Tensor, start_row: int | None = None) -> torch.Tensor:
@@ -115,7 +116,7 @@ def main() -> None:
     hyps: dict[int, list[int]] = {}
     start = time.perf_counter()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    for batch in ours.translator.batches(order, sources):  # fairseq-generate's batching: by length, max_tokens
+    for batch in batches(order, sources, ours.translator.config):  # fairseq-generate's batching: by length, max_tokens
         longest = max(len(sources[i]) for i in batch) + 1
         src_tokens = torch.full((len(batch), longest), vocab.pad(), dtype=torch.long)
         for row, i in enumerate(batch):  # left-padded, as fairseq's LanguagePairDataset does
