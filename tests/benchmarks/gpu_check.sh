@@ -8,7 +8,7 @@
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
 #     call keeps a call within a 10-minute limit: "base" in a second call), then
 #     decodes test_2016_flickr in fp32 and bf16, without and with --cuda-graphs (graph_check.py: the
-#     same lines?), and times `nmt translate` of 100 lines on GPU and CPU
+#     same lines?), and times `nmt translate` of 100 lines on GPU (without and with graphs) and CPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
@@ -59,9 +59,9 @@ if [[ $STAGES == *decode* ]]; then
         done
         timeout 180 python3 tests/benchmarks/graph_check.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
             --precision bf16 2>>"$OUT/stderr.txt" | tee -a "$OUT/graph_check.jsonl"
-        for device in cuda cpu; do
+        for device in "cuda" "cuda --cuda-graphs" "cpu"; do
             timeout 120 python3 tests/benchmarks/translate_startup.py -m "$work/$arch/checkpoint_last.pt" \
-                --device "$device" 2>>"$OUT/stderr.txt" | tee -a "$OUT/translate_startup.jsonl"
+                --device $device 2>>"$OUT/stderr.txt" | tee -a "$OUT/translate_startup.jsonl"
         done
     done
     rm -rf "$work"

@@ -1,5 +1,5 @@
 """`nmt translate` end to end on a short file: `python tests/benchmarks/translate_startup.py -m CKPT
-[-i test.en] [--lines 100] [--device cpu|cuda] [--rounds 3] [--arch big]`.
+[-i test.en] [--lines 100] [--device cpu|cuda [--cuda-graphs]] [--rounds 3] [--arch big]`.
 
 Each round runs `python -m nmt_cli translate` on the first `--lines` lines in a fresh process and
 times it from the outside (interpreter start to exit). One more fresh process times the stages
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 
-def stages(model: Path, source: Path, device: str) -> dict[str, float]:
+def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[str, float]:
     """Seconds of each stage of a translation, in this (fresh) process."""
     marks = [("start", time.perf_counter())]
 
@@ -36,7 +36,7 @@ def stages(model: Path, source: Path, device: str) -> dict[str, float]:
     from nmt_cli.translate import Translator
 
     mark("import_nmt_cli")
-    config = TranslateConfig(device=device)
+    config = TranslateConfig(device=device, cuda_graphs=cuda_graphs)
     torch_device, dtype = select(config.device, config.precision)
     mark("select_device")
     bundle = load_bundle(model)
@@ -70,12 +70,13 @@ def main() -> None:
     parser.add_argument("-i", "--input", type=Path, help="default: Multi30k test_2016_flickr.en")
     parser.add_argument("--lines", type=int, default=100)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cuda-graphs", action="store_true", help="nmt translate --cuda-graphs")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--arch", help="time an untrained model of this preset instead (CKPT's vocabulary)")
     parser.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)  # the breakdown's own process
     args = parser.parse_args()
     if args.stages:  # before anything else is imported
-        print(json.dumps(stages(args.model, args.input, args.device)))
+        print(json.dumps(stages(args.model, args.input, args.device, args.cuda_graphs)))
         return
     from common import SHARED
 
@@ -86,18 +87,20 @@ def main() -> None:
         source = Path(work) / "input.txt"
         with open(args.input, encoding="utf-8") as f:
             source.write_text("".join(line for _, line in zip(range(args.lines), f)), encoding="utf-8")
+        graphs = ["--cuda-graphs"] if args.cuda_graphs else []
         command = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(args.model), "-i", str(source),
-                   "-o", str(Path(work) / "output.txt"), "--device", args.device]
+                   "-o", str(Path(work) / "output.txt"), "--device", args.device, *graphs]
         seconds = []
         for _ in range(args.rounds):
             start = time.perf_counter()
             subprocess.run(command, check=True, capture_output=True)
             seconds.append(round(time.perf_counter() - start, 2))
         breakdown = subprocess.run([sys.executable, __file__, "-m", str(args.model), "-i", str(source),
-                                    "--device", args.device, "--stages"], check=True, capture_output=True, text=True)
+                                    "--device", args.device, "--stages", *graphs], check=True, capture_output=True,
+                                   text=True)
     print(json.dumps({"benchmark": "translate_startup", "model": args.arch or str(args.model), "lines": args.lines,
-                      "device": args.device, "seconds": seconds, "median_s": statistics.median(seconds),
-                      "stages_s": json.loads(breakdown.stdout)}))
+                      "device": args.device, "cuda_graphs": args.cuda_graphs, "seconds": seconds,
+                      "median_s": statistics.median(seconds), "stages_s": json.loads(breakdown.stdout)}))
 
 
 if __name__ == "__main__":
