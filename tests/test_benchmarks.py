@@ -35,7 +35,8 @@ def test_decode_speed(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
     (result,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1,
-                    "--profile", tmp_path / "profile.txt")
+                    "--profile", tmp_path / "profile.txt", "--steps-between-reads", 3)
+    assert result["steps_between_reads"] == 3
     assert result["sentences"] == 3 and result["target_tokens_per_s"] > 0 and 0 <= result["bleu"] <= 100
     assert result["device_busy"] is None and "aten::" in (tmp_path / "profile.txt").read_text()
 

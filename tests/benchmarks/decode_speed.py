@@ -1,5 +1,5 @@
 """Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--quantize int8]
-[--device cuda --precision bf16 --cuda-graphs --profile FILE]`.
+[--device cuda --precision bf16 --cuda-graphs --steps-between-reads N --profile FILE]`.
 
 Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
 Translator, timing the translation only (model loading excluded), and prints one JSON line:
@@ -10,7 +10,8 @@ warm-up), and the line also gives the calls that made the host wait for the GPU
 its operator table to FILE and adds `device_busy`: the GPU's kernel time over the wall time of
 that translation (the share of the search the GPU works). `--cuda-graphs` replays the decoder's
 steps as CUDA graphs (`nmt translate --cuda-graphs`); the warm-up then also captures the graphs of
-the first batch's shape.
+the first batch's shape. `--steps-between-reads N` overrides how often the search reads which
+sentences are done (`kernels.steps_between_reads`), to choose that number by measurement.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from common import HostWaits, decoding_arguments
 
+from nmt_cli import search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
 from nmt_cli.device import select
@@ -68,8 +70,11 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--quantize", choices=["int8"], default=None)
     parser.add_argument("--cuda-graphs", action="store_true")
+    parser.add_argument("--steps-between-reads", type=int)
     parser.add_argument("--profile", type=Path, help="write a torch.profiler table of a second translation here")
     args = parser.parse_args()
+    if args.steps_between_reads:
+        search.steps_between_reads = lambda device: args.steps_between_reads
     device, dtype = select(args.device, args.precision, args.threads)  # threads and memory as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
@@ -83,7 +88,7 @@ def main() -> None:
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
     result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
               "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": args.quantize,
-              "cuda_graphs": args.cuda_graphs,
+              "cuda_graphs": args.cuda_graphs, "steps_between_reads": search.steps_between_reads(device),
               "threads": torch.get_num_threads(), "seconds": round(seconds, 2),
               "sentences_per_s": round(len(lines) / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1),
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}

@@ -7,7 +7,8 @@
 #   STAGES="tests speed compile decode"   which parts to run (default: all but decode)
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
 #     call keeps a call within a 10-minute limit: "base" in a second call), then
-#     decodes test_2016_flickr in fp32 and bf16, without and with --cuda-graphs (graph_check.py: the
+#     decodes test_2016_flickr in fp32 and bf16, without and with --cuda-graphs (and with graphs, a read
+#     of the search's state every 1, 4, 16 steps; graph_check.py: the
 #     same lines?), and times `nmt translate` of 100 lines on GPU (without and with graphs) and CPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -56,6 +57,11 @@ if [[ $STAGES == *decode* ]]; then
                     --profile "$OUT/decode_profile_${arch}_$precision$graphs.txt" 2>>"$OUT/stderr.txt" \
                     | tee -a "$OUT/decode_speed.jsonl"
             done
+        done
+        for reads in 1 4 16; do  # how often the search reads which sentences are done (8 by default)
+            timeout 120 python3 tests/benchmarks/decode_speed.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
+                --precision bf16 --cuda-graphs --steps-between-reads $reads 2>>"$OUT/stderr.txt" \
+                | tee -a "$OUT/decode_speed.jsonl"
         done
         timeout 180 python3 tests/benchmarks/graph_check.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
             --precision bf16 2>>"$OUT/stderr.txt" | tee -a "$OUT/graph_check.jsonl"
