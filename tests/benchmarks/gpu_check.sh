@@ -6,10 +6,10 @@
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
 #   STAGES="tests speed compile decode"   which parts to run (default: all but decode)
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
-#     call keeps a call within a 10-minute limit: "base" in a second call), then
-#     decodes test_2016_flickr in fp32 and bf16, without and with --cuda-graphs (and with graphs, a read
-#     of the search's state every 1, 4, 16 steps; graph_check.py: the
-#     same lines?), and times `nmt translate` of 100 lines on GPU (without and with graphs) and CPU
+#     call keeps a call within a 10-minute limit: "base" in a second call), then decodes
+#     test_2016_flickr in fp32 and bf16 without and with --cuda-graphs, with graphs also reading the
+#     search's state every 1, 4 and 16 steps, checks that graphs give the same lines (graph_check.py),
+#     and times `nmt translate` of 100 lines on the GPU (without and with graphs) and the CPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
