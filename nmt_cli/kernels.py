@@ -5,6 +5,7 @@ graphs.py (the search's decoder as CUDA graphs).
 
 - `Dropout`: on the CPU, keep masks drawn four elements per 64-bit random integer.
 - `written_out_attention`: where eq. 1 written out beats the fused kernel (CPU, few keys).
+- `append_position`: a search step's cache reordered and extended in one copy.
 - `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form.
 - `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN.
 - `top_k`: top-k through chunk maxima on the CPU.
@@ -73,6 +74,22 @@ class Masked(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         (mask,) = ctx.saved_tensors
         return grad * mask, None
+
+
+def append_position(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
+    """torch.cat([past.index_select(0, rows), new], dim=2) (or `past` itself without `rows`),
+    written in one pass: a search's cache follows the beams it kept and grows by a position in
+    the same copy, with no intermediate tensor."""
+    length = past.size(2)
+    out = past.new_empty(new.size(0), past.size(1), length + 1, past.size(3))
+    if rows is None:
+        out[:, :, :length] = past
+    elif past.requires_grad:  # out= is not differentiable: the same in two copies
+        out[:, :, :length] = past.index_select(0, rows)
+    else:
+        torch.index_select(past, 0, rows, out=out[:, :, :length])
+    out[:, :, length:] = new
+    return out
 
 
 # On the CPU, attention over at most this many keys is written out rather than fused.

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
-from nmt_cli.kernels import Dropout, written_out_attention
+from nmt_cli.kernels import Dropout, append_position, written_out_attention
 
 
 def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
@@ -225,21 +225,6 @@ class DecoderLayer(nn.Module):
         x = self.sublayers[0](x, self_attention)
         x = self.sublayers[1](x, cross_attention)
         return self.sublayers[2](x, self.ffn)
-
-
-def append_position(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
-    """[past[rows], new] along the positions (dim 2), written in one pass: a search's cache
-    follows the beams it kept and grows by a position in the same copy."""
-    length = past.size(2)
-    out = past.new_empty(new.size(0), past.size(1), length + 1, past.size(3))
-    if rows is None:
-        out[:, :, :length] = past
-    elif past.requires_grad:  # out= is not differentiable: the same in two copies
-        out[:, :, :length] = past.index_select(0, rows)
-    else:
-        torch.index_select(past, 0, rows, out=out[:, :, :length])
-    out[:, :, length:] = new
-    return out
 
 
 class GrowingCache:

@@ -53,6 +53,22 @@ def test_dropout_is_identity_in_eval_and_seeded_in_training():
     assert torch.equal(a, drop(x)) and not torch.equal(a, drop(x))
 
 
+@pytest.mark.parametrize("reorder", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+def test_append_position_equals_index_select_then_cat(reorder, grad):
+    torch.manual_seed(0)
+    past = torch.randn(6, 2, 5, 4, requires_grad=grad)
+    new = torch.randn(9 if reorder else 6, 2, 1, 4, requires_grad=grad)
+    rows = torch.tensor([5, 0, 0, 3, 2, 2, 1, 4, 5]) if reorder else None
+    out = kernels.append_position(past, new, rows)
+    plain = torch.cat([past.index_select(0, rows) if reorder else past, new], dim=2)
+    assert torch.equal(out, plain)
+    if grad:  # the gradient reaches both inputs, as through torch.cat
+        weight = torch.randn_like(plain)
+        expected = torch.autograd.grad((plain * weight).sum(), (past, new))
+        assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad((out * weight).sum(), (past, new)), expected))
+
+
 @pytest.mark.parametrize("width", [600, 601, 7960])
 def test_top_k_through_chunk_maxima_equals_torch_topk(width):
     torch.manual_seed(width)
