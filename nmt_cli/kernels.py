@@ -246,4 +246,3 @@ def keep_freed_memory() -> bool:
     m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
     settings = ((m_mmap_max, 0), (m_trim_threshold, 1 << 30), (m_top_pad, 256 << 20))
     return all(mallopt(option, value) == 1 for option, value in settings)
-

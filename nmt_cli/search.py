@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -60,6 +60,11 @@ class Ensemble:
         weight = self.models[0].tgt_embed.tokens.weight
         self.vocab_size = weight.size(0)
         self.graphs = [DecoderGraphs(m) for m in self.models] if graphs else None
+
+    def release_graphs(self) -> None:
+        """Give back the fixed-shape decoders' memory; the next search makes the ones it needs."""
+        for graphs in self.graphs or []:
+            graphs.decoders.clear()
 
     def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState | StaticDecoder]:
         """Encode `src` for a search of `beam` rows per sentence and up to `length` positions."""
@@ -191,6 +196,10 @@ class Beams:
     done: Tensor  # (sentences,): done at a step since the last read
     prefixes: Tensor | None
     host_limits: list[int]  # `limits` of the sentences on the host
+    soonest_limit: int = field(init=False)  # the smallest of host_limits
+
+    def __post_init__(self) -> None:
+        self.soonest_limit = min(self.host_limits)
 
     def keep(self, rows: list[int], origin: Tensor) -> tuple[Tensor, Tensor]:
         """Keep only the sentences at `rows`; returns their index and their rows of `origin`."""
@@ -201,6 +210,7 @@ class Beams:
         self.history = self.history.view(n, beam, -1)[index].view(len(rows) * beam, -1)
         self.prefixes = self.prefixes[index] if self.prefixes is not None else None
         self.host_limits = [self.host_limits[r] for r in rows]
+        self.soonest_limit = min(self.host_limits)
         return index, origin.view(n, beam)[index].view(-1)
 
 
@@ -209,7 +219,7 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
     """Each sentence's 2 * beam best one-token continuations, best first: their log-probabilities,
     rows (of the sentence) and tokens."""
     n, width = beams.scores.shape
-    forced = forced_tokens(step, beams.limits, min(beams.host_limits), beams.prefixes, width)
+    forced = forced_tokens(step, beams.limits, beams.soonest_limit, beams.prefixes, width)
     # The best of a sentence's width * vocab candidates are among the k best tokens of each of its
     # rows: add the row scores to those only (not to every vocabulary entry).
     token_lprobs, tokens = models.top_tokens(beams.history[:, -1], states, k, banned, forced)

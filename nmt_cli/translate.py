@@ -106,8 +106,7 @@ class Translator:
             if len(batch) == 1:
                 raise NmtError(f"CUDA out of memory translating a single sentence of {len(sources[batch[0]])} "
                                "tokens; use a smaller --beam or --device cpu") from None
-        for graphs in self.models.graphs or []:
-            graphs.decoders.clear()  # the CUDA graphs' padded caches are the largest buffers kept
+        self.models.release_graphs()  # their padded caches are the largest buffers kept
         torch.cuda.empty_cache()
         if not self.halved:
             self.warn(f"warning: CUDA out of memory for {len(batch)} sentences at once: translating such batches "

@@ -143,6 +143,8 @@ def test_export_replaces_only_an_earlier_export_and_never_leaves_half_a_director
         result = run("export", "-m", model, "--format", "ctranslate2", "-o", target)
         assert result.exit_code == 1 and f"{target}:" in result.output and "choose another --output" in result.output
     assert (mine / "notes.txt").read_text() == "mine" and (tmp_path / "file").read_text() == "mine"
+    result = run("export", "-m", model, "--format", "ctranslate2", "-o", tmp_path / "file/ct2")  # no directory there
+    assert result.exit_code == 1 and f"{tmp_path / 'file'}: cannot write there (" in result.output
 
     def full(_bundle, _out):
         raise OSError(28, "No space left on device")

@@ -5,13 +5,11 @@ on a GPU, tests/test_gpu.py replays real CUDA graphs."""
 import pytest
 import torch
 from conftest import replayed
-from test_search import TINY, prefix_tensor, random_model, sources
+from test_search import prefix_tensor, random_model, sources
 
 from nmt_cli import graphs
 from nmt_cli.config import SearchConfig
-from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, beam_search
-from nmt_cli.vocab import PAD_ID
 
 
 def test_the_cuda_graph_emulation_replays_operations_with_the_values_of_their_recording():
@@ -40,16 +38,6 @@ GRAPH_CASES = {  # members, beam, nbest, prefixes of the 5 sentences, model
 }
 
 
-def model(seed, **variant):
-    torch.manual_seed(seed)
-    built = Transformer(TINY.replace(**variant), 15, 15, PAD_ID, True).eval()
-    with torch.no_grad():
-        built.tgt_embed.tokens.weight.mul_(3.0)  # sharper distributions
-        if built.tgt_embed.learned is not None:
-            built.tgt_embed.learned.weight.mul_(3.0)  # positions that matter
-    return built
-
-
 @pytest.mark.parametrize("capture", ["eager", "replayed"])
 @pytest.mark.parametrize("case", GRAPH_CASES)
 def test_the_search_on_fixed_shapes_finds_the_same_hypotheses(monkeypatch, capture, case):
@@ -65,7 +53,7 @@ def test_the_search_on_fixed_shapes_finds_the_same_hypotheses(monkeypatch, captu
                         lambda self, rows, sentences=None: compactions.append(sentences is not None)
                         or reorder(self, rows, sentences))
     members, beam, nbest, prefixes, variant = GRAPH_CASES[case]
-    models = [model(seed, **variant) for seed in range(members)]
+    models = [random_model(15, seed, scale=3.0, **variant) for seed in range(members)]
     batches = [[[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [7, 7, 7, 7, 7, 7, 7, 7, 7]],
                [[8, 9], [10, 11, 12], [13], [4, 4, 4, 4], [6, 5, 4], [12, 11], [9, 9, 9, 9, 9]],
                [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 4, 5, 6, 7, 8, 9, 10]]]

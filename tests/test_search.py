@@ -16,11 +16,14 @@ TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, 
                                 max_positions=64)
 
 
-def random_model(vocab: int, seed: int = 0, scale: float = 1.0) -> Transformer:
+def random_model(vocab: int, seed: int = 0, scale: float = 1.0, **variant) -> Transformer:
+    """TINY, or TINY with `variant`'s fields, its embeddings (learned positions too) times `scale`."""
     torch.manual_seed(seed)
-    model = Transformer(TINY, vocab, vocab, PAD_ID, True).eval()
+    model = Transformer(TINY.replace(**variant), vocab, vocab, PAD_ID, True).eval()
     with torch.no_grad():
         model.tgt_embed.tokens.weight.mul_(scale)  # sharper distributions
+        if model.tgt_embed.learned is not None:
+            model.tgt_embed.learned.weight.mul_(scale)  # positions that matter
     return model
 
 

@@ -70,6 +70,11 @@ def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, t
                                                       "tokens; use a smaller --beam or --device cpu")
 
 
+def test_cuda_graphs_are_refused_without_a_gpu(model_path):
+    result = run("-m", model_path, "--device", "cpu", "--cuda-graphs", input="a b c\n")
+    assert result.exit_code == 1 and result.output.strip() == "Error: --cuda-graphs needs a CUDA device, not cpu"
+
+
 def test_line_longer_than_positions_is_truncated_with_a_warning(tmp_path):
     path = tiny_checkpoint(tmp_path / "short.pt", max_positions=8)
     warnings = []

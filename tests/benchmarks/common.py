@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.search import Hypothesis
 from nmt_cli.translate import Translator
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
@@ -57,6 +59,22 @@ class HostWaits:
                 if cuda:
                     torch.cuda.set_sync_debug_mode("default")
         waits.count = sum("synchroniz" in str(w.message) for w in caught)
+
+
+def timed(translator: Translator, sources: list[list[int]]) -> tuple[float, int, list[list[Hypothesis]]]:
+    """Seconds, host waits (on a GPU) and hypotheses of translating `sources`. On a GPU the first
+    64 are translated once before, untimed: CUDA's and the search's first-use costs (and graph
+    captures) are not the search's speed."""
+    cuda = translator.device.type == "cuda"
+    if cuda:
+        translator.translate_ids(sources[:64])
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with HostWaits.counting(cuda) as waits:
+        hyps = translator.translate_ids(sources)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, waits.count, hyps
 
 
 def decoding_arguments(description: str | None) -> argparse.ArgumentParser:

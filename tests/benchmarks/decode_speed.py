@@ -22,25 +22,13 @@ import time
 from pathlib import Path
 
 import torch
-from common import HostWaits, decoding_arguments
+from common import decoding_arguments, timed
 
 from nmt_cli import search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
 from nmt_cli.device import select
-from nmt_cli.search import Hypothesis
 from nmt_cli.translate import Translator
-
-
-def timed(translator: Translator, sources: list[list[int]]) -> tuple[float, int, list[list[Hypothesis]]]:
-    """Seconds, host waits (on a GPU) and hypotheses of translating `sources`."""
-    cuda = translator.device.type == "cuda"
-    start = time.perf_counter()
-    with HostWaits.counting(cuda) as waits:
-        hyps = translator.translate_ids(sources)
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, waits.count, hyps
 
 
 def profiled(translator: Translator, sources: list[list[int]], path: Path) -> float | None:
@@ -81,8 +69,6 @@ def main() -> None:
                                quantize=args.quantize, cuda_graphs=args.cuda_graphs)
     translator = Translator([load_bundle(args.model)], options, device, dtype)
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
-    if device.type == "cuda":
-        translator.translate_ids(sources[:64])
     seconds, waits, hyps = timed(translator, sources)
     outputs = [translator.detokenize(h[0].tokens) if h else "" for h in hyps]
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)

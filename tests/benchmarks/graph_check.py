@@ -15,12 +15,10 @@ from __future__ import annotations
 import collections
 import json
 import sys
-import time
 from pathlib import Path
 
 import sacrebleu
-import torch
-from common import decoding_arguments
+from common import decoding_arguments, timed
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt_cli import graphs, search
@@ -76,14 +74,8 @@ def operations_per_step(translator: Translator, sources: list[list[int]]) -> dic
 
 
 def translate(translator: Translator, sources: list[list[int]]) -> tuple[float, list[str]]:
-    if translator.device.type == "cuda":
-        translator.translate_ids(sources[:64])
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    hyps = translator.translate_ids(sources)
-    if translator.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, [translator.detokenize(h[0].tokens) if h else "" for h in hyps]
+    seconds, _, hyps = timed(translator, sources)
+    return seconds, [translator.detokenize(h[0].tokens) if h else "" for h in hyps]
 
 
 def main() -> None:
