@@ -11,6 +11,7 @@ import gc
 import itertools
 import multiprocessing
 import signal
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -196,6 +197,9 @@ def leave_signals_to_parent() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+DRAIN_SECONDS = 60  # at most, for the chunks in flight when a stage stops (a worker may have died)
+
+
 class Workers:
     """`workers` processes given `init_worker(**state)` once (or this process when workers == 1),
     mapping a function over chunks in order, with a bounded number of chunks in flight."""
@@ -203,6 +207,7 @@ class Workers:
     def __init__(self, workers: int, **state: Any) -> None:
         self.workers, self.state = workers, state
         self.pool: Any = None
+        self.pending: deque = deque()  # results asked for and not yet taken, oldest first
 
     def __enter__(self) -> Workers:
         init_worker(**self.state)  # in this process; forked workers inherit it, caches included
@@ -218,20 +223,26 @@ class Workers:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop the workers once none is sending a result: a worker killed in the middle of one
+        leaves half a message in the pool's results pipe, and Pool.terminate() then waits forever
+        for the rest (an interrupted run hung). The chunks in flight (a few) finish first."""
         if self.pool is not None:
+            self.pool.close()
+            deadline = time.monotonic() + DRAIN_SECONDS
+            for result in self.pending:
+                result.wait(max(0.0, deadline - time.monotonic()))
             self.pool.terminate()
 
     def map(self, fn: Callable, items: Iterable[Any]) -> Iterator[Any]:
         if self.pool is None:
             yield from map(fn, items)
             return
-        pending: deque = deque()
         for item in items:
-            pending.append(self.pool.apply_async(fn, (item,)))
-            if len(pending) >= 4 * self.workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+            self.pending.append(self.pool.apply_async(fn, (item,)))
+            if len(self.pending) >= 4 * self.workers:
+                yield self.pending.popleft().get()
+        while self.pending:
+            yield self.pending.popleft().get()
 
 
 def drop_reason(src: list[str], tgt: list[str], max_len: int, max_ratio: float) -> str | None:

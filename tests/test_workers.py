@@ -38,3 +38,24 @@ def test_workers_garbage_collector_leaves_inherited_objects_alone():
         counts = list(workers.map(_frozen_objects, range(4)))
     assert min(counts) >= len(inherited)  # frozen in the workers: their collections skip them
     assert gc.get_freeze_count() == 0  # and collected as usual here
+
+
+def _big(_: object) -> bytes:
+    return bytes(32 << 20)  # a worker takes a while to send it through the results pipe
+
+
+def test_a_stage_stopped_midway_ends_its_workers_only_once_no_result_is_in_flight(monkeypatch):
+    """A worker killed while it sends a result leaves half a message in the pool's results pipe,
+    and Pool.terminate() then waits forever (an interrupted `nmt preprocess` hung): every result
+    asked for is complete when the workers are ended, and ending them returns."""
+    ready_at_terminate = []
+    with Workers(2, text=TextConfig("en", "de")) as workers:
+        terminate = workers.pool.terminate
+        monkeypatch.setattr(workers.pool, "terminate",
+                            lambda: ready_at_terminate.extend(r.ready() for r in workers.pending) or terminate())
+        try:
+            for _ in workers.map(_big, range(40)):
+                raise KeyboardInterrupt  # as Ctrl-C in the middle of a stage
+        except KeyboardInterrupt:
+            pass
+    assert len(ready_at_terminate) == 4 * 2 - 1 and all(ready_at_terminate)
