@@ -21,10 +21,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from nmt_cli import NmtError, __version__
-from nmt_cli.config import ModelConfig, TextConfig
+from nmt_cli.architecture import ModelConfig
+from nmt_cli.config import TextConfig
 from nmt_cli.files import reason, replacing
 from nmt_cli.model import Transformer
-from nmt_cli.vocab import PAD_ID, Vocabulary
+from nmt_cli.vocab import PAD_ID, SPECIALS, Vocabulary
 
 FORMAT_VERSION = 1
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
@@ -117,9 +118,14 @@ def _refusal(error: Exception) -> str:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read a checkpoint safely (`weights_only=True`; or a `nmt export` safetensors file); any
-    problem is a one-line NmtError."""
-    path = Path(path)
+    """Read a checkpoint safely (`weights_only=True`; or a `nmt export` safetensors file) and check
+    it (`checked_model`); any problem is a one-line NmtError."""
+    checkpoint = _read(Path(path))
+    checked_model(checkpoint, path)
+    return checkpoint
+
+
+def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise NmtError(f"{path}: no such checkpoint")
     if path.suffix == ".safetensors":
@@ -159,24 +165,73 @@ class _NoDraws(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def build_model(checkpoint: dict[str, Any]) -> Transformer:
-    """The checkpoint's model, holding the loaded tensors themselves. It is built on the meta
-    device first: a random initialization would only be overwritten (seconds for `big`)."""
-    config = ModelConfig.from_dict(checkpoint["model_config"])
-    with torch.device("meta"), _NoDraws():
-        model = Transformer(config, len(checkpoint["src_vocab"]), len(checkpoint["tgt_vocab"]), PAD_ID,
-                            checkpoint["shared_vocab"])
-    model.load_state_dict(checkpoint["model"], assign=True)
+def checked_model(checkpoint: dict[str, Any], path: Path) -> Transformer:
+    """The model `checkpoint` describes, built on the meta device (a random initialization would
+    only be overwritten: seconds for `big`), once the checkpoint is known to hold a valid
+    description and exactly that model's weights, floating point and finite. Its text settings
+    are normalized in place (a JSON round trip makes tuples lists)."""
+    missing = [key for key in DESCRIPTION if key not in checkpoint and key != "sentencepiece"] + \
+        (["model"] if not isinstance(checkpoint.get("model"), dict) else [])
+    if missing:
+        raise NmtError(f"{path}: damaged checkpoint: no {missing[0]!r}")
+    try:
+        config = ModelConfig.from_dict(checkpoint["model_config"])
+        checkpoint["text_config"] = TextConfig.from_dict(checkpoint["text_config"]).to_dict()
+        sizes = [_vocabulary_size(checkpoint[key], key) for key in ("src_vocab", "tgt_vocab")]
+        for key, kind in (("bpe_codes", str), ("sentencepiece", bytes)):
+            if not isinstance(checkpoint.get(key), (kind, type(None))):
+                raise TypeError(f"{key} is a {type(checkpoint[key]).__name__}, not {kind.__name__}")
+        with torch.device("meta"), _NoDraws():
+            model = Transformer(config, *sizes, PAD_ID, checkpoint["shared_vocab"] is True)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise NmtError(f"{path}: damaged checkpoint: {e}") from None
+    _check_weights(checkpoint["model"], model.state_dict(), path)
     return model
+
+
+def _vocabulary_size(tokens: Any, key: str) -> int:
+    if not isinstance(tokens, list) or tokens[:len(SPECIALS)] != list(SPECIALS) or \
+            not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"{key} is not a vocabulary starting with {', '.join(SPECIALS)}")
+    return len(tokens)
+
+
+def _check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], path: Path) -> None:
+    """Exactly the tensors of `expected` (names and shapes), floating point and finite."""
+    summed: set[int] = set()  # a tied tensor under several names is summed once
+    for name in [*expected, *(name for name in weights if name not in expected)]:
+        problem = _weight_problem(weights.get(name), expected.get(name), summed)
+        if problem is not None:
+            raise NmtError(f"{path}: tensor {name} {problem}")
+
+
+def _weight_problem(tensor: Any, wanted: torch.Tensor | None, summed: set[int]) -> str | None:
+    if tensor is None:
+        return "is missing"
+    if wanted is None:
+        return "is not one of the model's"
+    if not isinstance(tensor, torch.Tensor):
+        return "is not a tensor"
+    if tensor.shape != wanted.shape:
+        return f"has shape {list(tensor.shape)}, the config needs {list(wanted.shape)}"
+    if not tensor.is_floating_point():
+        return f"holds {str(tensor.dtype).removeprefix('torch.')} values, not floating point"
+    if id(tensor) not in summed:
+        summed.add(id(tensor))
+        if not torch.isfinite(tensor.sum()):  # one pass: NaN and inf survive a sum
+            return "holds NaN or infinite values (a diverged or damaged model)"
+    return None
 
 
 def load_bundle(path: Path) -> ModelBundle:
     """A model ready for inference (eval mode, CPU) with its text pipeline."""
-    checkpoint = load(path)
+    checkpoint = _read(Path(path))
+    model = checked_model(checkpoint, path)
+    model.load_state_dict(checkpoint["model"], assign=True)
     src_vocab = Vocabulary(checkpoint["src_vocab"][4:])
     tgt_vocab = src_vocab if checkpoint["shared_vocab"] else Vocabulary(checkpoint["tgt_vocab"][4:])
-    return ModelBundle(build_model(checkpoint).eval(), TextConfig.from_dict(checkpoint["text_config"]),
-                       checkpoint["bpe_codes"], src_vocab, tgt_vocab, checkpoint.get("sentencepiece"))
+    return ModelBundle(model.eval(), TextConfig.from_dict(checkpoint["text_config"]), checkpoint["bpe_codes"],
+                       src_vocab, tgt_vocab, checkpoint.get("sentencepiece"))
 
 
 def numbered(save_dir: Path) -> list[tuple[int, Path]]:

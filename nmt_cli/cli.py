@@ -2,114 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
-import types
-import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from nmt_cli import NmtError, __version__
-from nmt_cli.config import (
-    PRESETS,
-    ModelConfig,
-    PreprocessConfig,
-    SearchConfig,
-    ServeConfig,
-    TextConfig,
-    TrainConfig,
-    TranslateConfig,
-)
+from nmt_cli.config import PreprocessConfig, SearchConfig, ServeConfig, TextConfig, TrainConfig, TranslateConfig
+from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
+from nmt_cli.options import flag_name
 
-QUANTIZATIONS = ("int8", "int8_float16", "int8_float32", "float16", "bfloat16")  # CTranslate2's
+QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")  # CT2's
 
 if TYPE_CHECKING:
     from nmt_cli.datadir import DataDir
-
-
-def _click_type(hint: Any, meta: Any) -> click.ParamType:
-    if "choices" in meta:
-        return click.Choice(meta["choices"])
-    if isinstance(hint, types.UnionType):  # `int | None`
-        hint = next(t for t in typing.get_args(hint) if t is not type(None))
-    if typing.get_origin(hint) is tuple:  # a repeatable flag
-        hint = typing.get_args(hint)[0]
-    if hint is Path:
-        return click.Path(path_type=Path, **meta["path"])
-    if hint is str:
-        return click.STRING
-    if hint is int:
-        return click.IntRange(min=meta.get("min"))
-    return click.FloatRange(min=meta.get("min"), max=meta.get("max"), min_open=meta.get("exclusive_min", False),
-                            max_open="max" in meta)
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None if f.default is dataclasses.MISSING else f.default
-
-
-def config_options(cls: type, show_defaults: bool = True) -> Callable[[Callable], Callable]:
-    """One flag per field of a config dataclass that has help (`d_ff` -> `--d-ff`), its default,
-    range and help taken from the field. Without `show_defaults` every flag defaults to None,
-    meaning "keep the preset's value"."""
-    hints = typing.get_type_hints(cls)  # the annotations are strings (`from __future__ import annotations`)
-
-    def decorate(command: Callable) -> Callable:
-        for f in reversed(dataclasses.fields(cls)):
-            if "help" in f.metadata:
-                command = _option(f, hints[f.name], show_defaults)(command)
-        return command
-
-    return decorate
-
-
-def _option(f: dataclasses.Field, hint: Any, show_defaults: bool) -> Callable[[Callable], Callable]:
-    meta = f.metadata
-    names = list(meta.get("flags", ["--" + f.name.replace("_", "-")]))
-    default = _default(f) if show_defaults else None
-    if hint is bool:
-        if "negation" in meta:
-            names[-1] = f"{names[-1]}/{meta['negation']}"
-            return click.option(*names, f.name, default=default, show_default=True, help=meta["help"])
-        return click.option(*names, f.name, is_flag=True, default=None, help=meta["help"])
-    return click.option(*names, f.name, type=_click_type(hint, meta), default=default,
-                        multiple=typing.get_origin(hint) is tuple,
-                        required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-                        show_default=default not in (None, ()), help=meta["help"])
-
-
-def fields_of(cls: type, options: dict[str, Any]) -> dict[str, Any]:
-    """Take the values of `cls`'s flags out of a command's keyword arguments."""
-    return {f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.name in options}
-
-
-def build(cls: type, **values: Any) -> Any:
-    """`cls(**values)` without the flags left unset; a bad combination is a usage error."""
-    try:
-        return cls(**{k: v for k, v in values.items() if v is not None})
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-
-
-def model_options(command: Callable) -> Callable:
-    """`--arch` plus every ModelConfig field as a flag, defaulting to the preset's value."""
-    command = config_options(ModelConfig, show_defaults=False)(command)
-    return click.option("--arch", type=click.Choice(sorted(PRESETS)), default="base", show_default=True,
-                        help="Preset: base/big (Table 3), iwslt, small (CPU).")(command)
-
-
-def build_model_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
-    """The preset `arch` with the command-line overrides; a bad combination is a usage error."""
-    try:
-        return PRESETS[arch].replace(**fields_of(ModelConfig, overrides))
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
 
 
 class Group(click.Group):
@@ -139,11 +47,13 @@ def main() -> None:
               help="Target vocabulary size for separate vocabularies (2-way tying).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, **overrides: Any) -> None:
-    """Show an architecture and its parameter count (with Table 3's count when it is a paper row)."""
+    """Show an architecture and its parameter count.
+
+    With Table 3's count when the architecture is a row of the paper."""
     config = build_model_config(arch, overrides)
     shared = tgt_vocab_size is None
     params = config.num_parameters(vocab_size, tgt_vocab_size or vocab_size, shared)
-    from nmt_cli.table3 import paper_row
+    from nmt_cli.architecture import paper_row
 
     row = paper_row(config)
     result = {
@@ -168,6 +78,11 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
     Console().print(table)
 
 
+# What `nmt preprocess --from-data` takes from the data directory, besides its text settings.
+FROM_DATA_DECIDES = ("bpe_codes", "bpe_merges", "sentencepiece_model", "sentencepiece_type", "srcdict", "tgtdict",
+                     "vocab_size", "vocab_min_count", "padding_factor", "joined_dictionary")
+
+
 @main.command()
 @config_options(TextConfig)
 @config_options(PreprocessConfig)
@@ -175,12 +90,21 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
               help="Reuse tokenizer settings, BPE codes and vocabularies of this data directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars or summary.")
 def preprocess(from_data: Path | None, quiet: bool, **options: Any) -> None:
-    """Tokenize, learn/apply joint BPE, build vocabularies and binarize parallel text."""
+    """Tokenize, learn BPE and binarize parallel text.
+
+    Raw parallel text to a data directory: Moses tokenization and joint BPE (or SentencePiece),
+    vocabularies, and token ids as memory-mapped arrays."""
     from nmt_cli.datadir import DataDir
     from nmt_cli.preprocess import preprocess
 
     text = build(TextConfig, **fields_of(TextConfig, options))
     if from_data is not None:
+        fields = {**PreprocessConfig.__dataclass_fields__, **TextConfig.__dataclass_fields__}
+        decided = [name for name in sorted(given_flags()) if name in FROM_DATA_DECIDES
+                   or name in TextConfig.__dataclass_fields__ and name not in ("source_lang", "target_lang")]
+        if decided:
+            raise click.UsageError(f"{flag_name(fields[decided[0]])} applies only without --from-data (the data "
+                                   "directory decides the text settings, subwords and vocabularies)")
         text, reused = DataDir.open(from_data, verify=True).reuse(text.source_lang, text.target_lang)
         options.update(reused)
     data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
@@ -189,34 +113,29 @@ def preprocess(from_data: Path | None, quiet: bool, **options: Any) -> None:
 
 
 def print_preprocess_summary(data: DataDir) -> None:
+    """The counts of every split in a table that fits 80 columns, then what was dropped and the
+    seconds of each stage."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     meta, src, tgt = data.meta, data.text.source_lang, data.text.target_lang
     table = Table(title=f"nmt preprocess {src}-{tgt}: vocabulary {meta['vocab_sizes'][src]:,}"
-                        f" / {meta['vocab_sizes'][tgt]:,}")
-    for column in ("split", "pairs in", "pairs out", "dropped", "tokens", "unk", "s"):
-        table.add_column(column, justify="right")
+                        f" / {meta['vocab_sizes'][tgt]:,}", box=box.SIMPLE_HEAD)
+    for column in ("split", "pairs", f"tokens {src}", f"tokens {tgt}", f"unk {src}", f"unk {tgt}", "s"):
+        table.add_column(column, justify="left" if column == "split" else "right", no_wrap=True)
+    dropped = []
     for name, s in meta["splits"].items():
-        dropped = ", ".join(f"{k} {v:,}" for k, v in s["dropped"].items()) or "-"
-        tokens = f"{s['tokens'].get(src, 0):,} / {s['tokens'].get(tgt, 0):,}"
-        unk = f"{s['unk_rate'][src]:.2%} / {s['unk_rate'][tgt]:.2%}"
-        table.add_row(name, f"{s['pairs_in']:,}", f"{s['pairs_out']:,}", dropped, tokens, unk, f"{s['seconds']:.1f}")
+        table.add_row(name, f"{s['pairs_out']:,}", *(f"{s['tokens'].get(lang, 0):,}" for lang in (src, tgt)),
+                      *(f"{s['unk_rate'][lang]:.2%}" for lang in (src, tgt)), f"{s['seconds']:.1f}")
+        if s["dropped"]:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in s["dropped"].items())
+            dropped.append(f"{name}: {sum(s['dropped'].values()):,} of {s['pairs_in']:,} pairs dropped ({reasons})")
     console = Console(stderr=True)
     console.print(table)
+    for line in dropped:
+        console.print(line)
     console.print("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["timings"].items()))
-
-
-def check_rate_flags(config: TrainConfig) -> None:
-    """Refuse a rate flag that the chosen schedule would ignore (fairseq users pass --lr)."""
-    given = click.get_current_context().get_parameter_source
-    if config.lr_schedule == "noam" and given("lr") is click.core.ParameterSource.COMMANDLINE:
-        raise click.UsageError("--lr is the peak rate of --lr-schedule inverse-sqrt, and the default noam "
-                               "schedule (eq. 3) ignores it: add --lr-schedule inverse-sqrt, or scale eq. 3 "
-                               "with --lr-scale")
-    if config.lr_schedule == "inverse-sqrt" and given("lr_scale") is click.core.ParameterSource.COMMANDLINE:
-        raise click.UsageError("--lr-scale multiplies the noam schedule (eq. 3), and --lr-schedule inverse-sqrt "
-                               "ignores it: set its peak with --lr")
 
 
 @main.command()
@@ -231,12 +150,13 @@ def check_rate_flags(config: TrainConfig) -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Path | None, quiet: bool,
           **options: Any) -> None:
-    """Train a Transformer with the paper's regime (resumable; torchrun for many GPUs)."""
+    """Train a Transformer with the paper's regime.
+
+    Resumable (run the same command again); torchrun for many GPUs."""
     from nmt_cli.train import TrainingRun
 
     model_config = build_model_config(arch, options)
     config = build(TrainConfig, **options)
-    check_rate_flags(config)
     TrainingRun(data_dir, save_dir, model_config, config, reset, init_from, progress_bar=not quiet).run()
 
 
@@ -251,7 +171,7 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output file.")
 def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: Path | None, last: int,
                         output: Path) -> None:
-    """Average the parameters of the last N checkpoints (§6.1)."""
+    """Average the parameters of checkpoints (§6.1)."""
     from nmt_cli.checkpoint import average, last_checkpoints, save
 
     if bool(checkpoints) == bool(save_dir):
@@ -272,7 +192,9 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
 @config_options(SearchConfig)
 @config_options(TranslateConfig)
 def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, **options: Any) -> None:
-    """Translate raw text with batched beam search and length penalty."""
+    """Translate raw text with batched beam search.
+
+    Beam search with the length penalty of §6.1 (or sampling); raw text in, detokenized text out."""
     import atexit
     import gc
 
@@ -299,16 +221,18 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
               help="ctranslate2: a CTranslate2 model directory (needs ctranslate2); safetensors: one file.")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="Directory (ctranslate2) or .safetensors file.")
-@click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=None,
-              help="ctranslate2: store the weights in this type [default: float32].")
+@click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="float32", show_default=True,
+              help="ctranslate2: store the weights in this type.")
 def export(model: Path, fmt: str, output: Path, quantization: str | None) -> None:
-    """Export a checkpoint to CTranslate2 or safetensors, with its text pipeline."""
+    """Export a checkpoint to CTranslate2 or safetensors.
+
+    With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
     from nmt_cli.checkpoint import load, load_bundle
     from nmt_cli.export import save_ctranslate2, save_safetensors
 
     if fmt == "safetensors":
-        if quantization is not None:
-            raise click.UsageError("--quantization applies to --format ctranslate2")
+        if "quantization" in given_flags():
+            raise click.UsageError("--quantization applies only to --format ctranslate2")
         if output.suffix != ".safetensors":
             raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
         save_safetensors(load(model), output)
@@ -323,7 +247,9 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
               help="Checkpoint; repeat for an ensemble.")
 @config_options(ServeConfig)
 def serve(models: tuple[Path, ...], **options: Any) -> None:
-    """Serve translations over HTTP, batching concurrent requests (needs the serve extra)."""
+    """Serve translations over HTTP (the serve extra).
+
+    Concurrent requests are translated together."""
     from nmt_cli.checkpoint import load_bundle
     from nmt_cli.device import select
     from nmt_cli.serve import serve as run_server
@@ -335,7 +261,9 @@ def serve(models: tuple[Path, ...], **options: Any) -> None:
 
 @main.group()
 def plot() -> None:
-    """Pictures: training curves (attention maps: `nmt translate --attention-plot DIR`)."""
+    """Pictures: training curves.
+
+    Attention maps: `nmt translate --attention-plot DIR`."""
 
 
 @plot.command()
@@ -343,7 +271,9 @@ def plot() -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("curves.png"),
               show_default=True, help="PNG file.")
 def curves(save_dirs: tuple[Path, ...], output: Path) -> None:
-    """Loss, perplexity (and BLEU) of one or more `nmt train` save directories, overlaid."""
+    """Loss, perplexity and BLEU of training runs, overlaid.
+
+    One or more `nmt train` save directories."""
     from nmt_cli.plot import training_curves
 
     click.echo(f"wrote {training_curves(list(save_dirs), output)}", err=True)
@@ -363,7 +293,7 @@ def curves(save_dirs: tuple[Path, ...], output: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per metric.")
 def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], tokenize: str | None, lowercase: bool,
           paper_lang: str | None, as_json: bool) -> None:
-    """Corpus BLEU (and chrF/TER) through sacreBLEU, with its signature."""
+    """Corpus BLEU, chrF and TER with sacreBLEU's signature."""
     from nmt_cli.lines import decode_lines
     from nmt_cli.score import check_lengths, corpus_scores, paper_bleu
 

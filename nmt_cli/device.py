@@ -35,3 +35,10 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
     else:
         keep_freed_memory()
     return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is a device running out of memory: CUDA's OutOfMemoryError, or the
+    RuntimeError of PyTorch's CPU allocator."""
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))

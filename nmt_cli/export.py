@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,7 @@ def _safetensors() -> Any:
 def save_safetensors(checkpoint: dict[str, Any], path: Path) -> None:
     """The checkpoint's weights and description (JSON metadata); a tensor tied to another one
     (3-way tying) is stored once and named as an alias."""
-    save_file = _safetensors().torch.save_file
+    serialize = _safetensors().torch.save
 
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
@@ -56,8 +57,12 @@ def save_safetensors(checkpoint: dict[str, Any], path: Path) -> None:
     if description["sentencepiece"] is not None:
         description["sentencepiece"] = base64.b64encode(description["sentencepiece"]).decode("ascii")
     metadata = {"nmt_cli": json.dumps(description, ensure_ascii=False), "aliases": json.dumps(aliases)}
-    with replacing(path, "safetensors file") as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+    data = serialize(tensors, metadata=metadata)  # written by us: the usual file mode, errors as OSError
+    remove_stale_temporaries(path.parent)  # those of an export that was killed
+    with replacing(path, "safetensors file") as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def load_safetensors(path: Path) -> dict[str, Any]:
@@ -130,6 +135,8 @@ EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vo
 
 def _check_destination(out: Path) -> None:
     """Refuse to replace anything but an earlier export: a user's files are never deleted."""
+    if Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise NmtError(f"{out}: is the current directory or holds it; choose a new --output")
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir():
@@ -143,6 +150,7 @@ def _check_destination(out: Path) -> None:
 def _write_directory(out: Path, write: Callable[[Path], None]) -> None:
     """`write` a temporary directory beside `out`, then rename it to `out` (replacing an earlier
     export): a failed or interrupted export leaves `out` as it was."""
+    out = Path(os.path.abspath(out))  # `-o .` has no name to put a temporary beside
     _check_destination(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

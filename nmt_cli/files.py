@@ -39,8 +39,11 @@ def temporary(path: Path) -> Path:
 
 
 def reason(error: OSError) -> str:
-    """'No space left on device', 'Read-only file system', ... for a one-line message."""
-    return os.strerror(error.errno) if error.errno else str(error)
+    """'No space left on device', 'Read-only file system', 'Name or service not known', ... for a
+    one-line message."""
+    if isinstance(error.errno, int) and error.errno > 0:
+        return os.strerror(error.errno)
+    return error.strerror or str(error)  # an address lookup's error numbers are negative
 
 
 @contextlib.contextmanager

@@ -4,6 +4,9 @@ pairs of files, and chunks of lines for batching and for worker processes."""
 from __future__ import annotations
 
 import gzip
+import os
+import select
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -17,10 +20,50 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
     Only "\n" ends a line (Unicode line separators inside a sentence stay part of it).
     """
     for number, raw in enumerate(stream, start=1):
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise NmtError(f"{name}:{number}: invalid UTF-8 (byte {e.start + 1}: {e.reason})") from None
+        yield _decode(raw, name, number)
+
+
+def _decode(raw: bytes, name: str, number: int) -> str:
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise NmtError(f"{name}:{number}: invalid UTF-8 (byte {e.start + 1}: {e.reason})") from None
+
+
+PAUSE_SECONDS = 0.05
+
+
+def arriving_chunks(stream: IO[bytes], name: str, size: int, pause: float = PAUSE_SECONDS) -> Iterator[list[str]]:
+    """Chunks of at most `size` lines of `stream`; one that is not a regular file (a pipe, a
+    terminal) also hands on what has arrived whenever its input pauses for `pause` seconds, so a
+    program that writes a line and waits for its answer gets it (as from fairseq-interactive or
+    marian-decoder), while a fast writer still fills whole chunks."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # an in-memory stream
+        fd = None
+    if fd is None or stat.S_ISREG(os.fstat(fd).st_mode):
+        yield from chunks(decode_lines(stream, name), size)
+        return
+    lines: list[str] = []
+    pending, number, ended = b"", 0, False
+    while not ended:
+        if select.select([fd], [], [], pause if lines else None)[0]:
+            data = os.read(fd, 1 << 16)
+            ended = not data
+            *complete, pending = (pending + data).split(b"\n") if data else [pending, b""]
+            for raw in complete:
+                if raw or not ended:  # the text after the last newline is a line only if it has any
+                    number += 1
+                    lines.append(_decode(raw, name, number))
+            while len(lines) >= size:
+                yield lines[:size]
+                lines = lines[size:]
+            if not ended:
+                continue
+        if lines:
+            yield lines
+            lines = []
 
 
 def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.config import ModelConfig
+from nmt_cli.architecture import ModelConfig
 from nmt_cli.kernels import Dropout, append_position, written_out_attention
 
 
 def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
     """Sinusoidal positions, §3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...).
-    Computed on the CPU, also while a model is built on the meta device (checkpoint.build_model)."""
+    Computed on the CPU, also while a model is built on the meta device (checkpoint.checked_model)."""
     position = torch.arange(offset, offset + length, dtype=torch.float64, device="cpu").unsqueeze(1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")
     angle = position / torch.pow(10000.0, two_i / d_model)

@@ -164,11 +164,6 @@ def check_options(opts: PreprocessConfig) -> None:
         raise NmtError(f"--source-lang and --target-lang are both {opts.text.source_lang!r}")
     if sentencepiece and opts.sentencepiece_model is None and opts.vocab_size is None:
         raise NmtError("--subword sentencepiece needs --vocab-size N: the pieces of the model it learns")
-    if sentencepiece and opts.bpe_codes is not None:
-        raise NmtError("--bpe-codes applies to --subword bpe, not sentencepiece")
-    if not sentencepiece and (opts.sentencepiece_model is not None or opts.sentencepiece_samples):
-        flag = "--sentencepiece-model" if opts.sentencepiece_model is not None else "--sentencepiece-samples"
-        raise NmtError(f"{flag} needs --subword sentencepiece")
     if opts.sentencepiece_samples and opts.trainpref is None:
         raise NmtError("--sentencepiece-samples samples the training split: give --trainpref")
 
@@ -292,7 +287,8 @@ def sentencepiece_model(opts: PreprocessConfig, train: tuple[Path, Path] | None)
     assert train is not None and opts.vocab_size is not None  # check_options
     lines = (line.lower() if opts.text.lowercase else line
              for pair in read_pairs(*train) for line in pair if line.strip() and "\x00" not in line)
-    return learn_sentencepiece(lines, opts.vocab_size, opts.sentencepiece_type, opts.workers)
+    return learn_sentencepiece(lines, opts.vocab_size, opts.sentencepiece_type, opts.workers,
+                               f"{train[0]} and {train[1]}")
 
 
 def bpe_codes(opts: PreprocessConfig, word_counts: tuple[Counter, Counter] | None) -> str | None:

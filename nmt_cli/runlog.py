@@ -13,6 +13,9 @@ from typing import Any
 from nmt_cli import NmtError
 from nmt_cli.files import reason, write_text
 
+# The bar of a run with only --max-time: seconds of its budget, with the update reached.
+TIME_BAR = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
+
 
 class RunLog:
     """The reports of one `nmt train` process (silent unless `main`)."""
@@ -30,7 +33,12 @@ class RunLog:
         self.window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
 
     def log(self, message: str) -> None:
-        if self.main:
+        """A line on stderr, above the progress bar when there is one."""
+        if not self.main:
+            return
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(f"nmt train: {message}", file=sys.stderr)
+        else:
             print(f"nmt train: {message}", file=sys.stderr, flush=True)
 
     def record(self, entry: dict[str, Any]) -> None:
@@ -65,19 +73,34 @@ class RunLog:
         if len(kept) != len(lines):
             write_text(self.path, "".join(kept))
 
-    def start(self, total: int | None, initial: int) -> None:
-        """Open the progress bar (a terminal only) and the first window of training statistics."""
+    def start(self, updates: int | None, initial: int, seconds: float | None, elapsed: float) -> None:
+        """Open the progress bar (a terminal only) and the first window of training statistics. The
+        bar counts updates toward `updates` (--max-updates); with only a time budget (`seconds`) it
+        counts seconds, so that it has a percentage and an ETA."""
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, initial=initial, unit="upd", dynamic_ncols=True, file=sys.stderr,
-                        disable=not (self.main and self.progress_bar and sys.stderr.isatty()))
+        self.timed = updates is None and seconds is not None
+        options = {"total": seconds, "initial": round(elapsed), "bar_format": TIME_BAR} if self.timed else \
+            {"total": updates, "initial": initial, "unit": "upd"}
+        self.bar = tqdm(dynamic_ncols=True, file=sys.stderr,
+                        disable=not (self.main and self.progress_bar and sys.stderr.isatty()), **options)
         self.window.update(loss=0.0, nll=0.0, tokens=0.0, start=time.monotonic())
 
-    def count(self, stats: dict[str, float]) -> None:
-        """Add an update's loss, NLL and tokens to the window."""
+    def count(self, stats: dict[str, float], update: int, elapsed: float) -> None:
+        """Add an update's loss, NLL and tokens to the window; move the bar."""
         for key in ("loss", "nll", "tokens"):
             self.window[key] += stats[key]
-        self.bar.update(1)
+        if self.timed:
+            self.bar.set_description_str(f"update {update}", refresh=False)
+            self.bar.update(min(round(elapsed), self.bar.total) - self.bar.n)
+        else:
+            self.bar.update(1)
+
+    def close_bar(self) -> None:
+        """Take the bar off the terminal (before the run's last words, which it would be redrawn after)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def report(self, update: int, epoch: int, lr: float, elapsed: float, world: int) -> None:
         """Record and show the window's averages (every --log-interval updates), then start a new one."""
@@ -97,8 +120,7 @@ class RunLog:
         window.update(loss=0.0, nll=0.0, tokens=0.0, start=now)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.close_bar()
         if self.tensorboard is not None:
             self.tensorboard.close()
 

@@ -16,6 +16,7 @@ the maximum length is reached. With beam 1 this is greedy decoding.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,8 +45,14 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 
 
 def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -> Tensor:
-    """Most output tokens (EOS excluded) per sentence: a * source tokens + b, within the model's positions."""
-    return (config.max_len_a * src_lengths + config.max_len_b).long().clamp(1, max_positions - 1)
+    """Most output tokens (EOS excluded) per sentence: a * source tokens + b, at most --max-len and
+    within the model's positions (bounded before the conversion to integers, which would overflow)."""
+    longest = min(max_positions - 1, config.max_len or max_positions)
+    return (config.max_len_a * src_lengths.double() + config.max_len_b).clamp(1, longest).long()
+
+
+class SearchInterrupted(Exception):
+    """A search stopped before its end (`Ensemble.deadline`)."""
 
 
 class Ensemble:
@@ -53,13 +60,20 @@ class Ensemble:
     step. With `graphs`, beam search runs each model's decoder on tensors of fixed shape, which a
     GPU replays as CUDA graphs (`graphs.DecoderGraphs`); sampling cannot."""
 
-    def __init__(self, models: Sequence[Transformer], graphs: bool = False) -> None:
+    def __init__(self, models: Sequence[Transformer], graphs: bool = False, never: Sequence[int] = ()) -> None:
         self.models = list(models)
+        self.never = list(never)  # ids the search never outputs besides the specials: vocabulary fillers
+        self.deadline: float | None = None  # time.monotonic() at which a search stops (a draining server)
         self.projections = [search_projection(m) for m in self.models]
         self.max_positions = min(m.config.max_positions for m in self.models)
         weight = self.models[0].tgt_embed.tokens.weight
         self.vocab_size = weight.size(0)
         self.graphs = [DecoderGraphs(m) for m in self.models] if graphs else None
+
+    def check_deadline(self) -> None:
+        """Raise SearchInterrupted once past the deadline (checked at every search step)."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise SearchInterrupted("the search was stopped at its deadline")
 
     def release_graphs(self) -> None:
         """Give back the fixed-shape decoders' memory; the next search makes the ones it needs."""
@@ -131,9 +145,9 @@ def output_limits(src: Tensor, prefixes: Tensor | None, config: SearchConfig, ma
     return torch.maximum(limits, (prefixes >= 0).sum(1) + 1).clamp(max=max_positions - 1)
 
 
-def banned_tokens(config: SearchConfig, device: torch.device) -> Tensor:
-    """Tokens a search never outputs: padding, BOS, and <unk> unless --allow-unk."""
-    return torch.tensor([PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID]), device=device)
+def banned_tokens(models: Ensemble, config: SearchConfig, device: torch.device) -> Tensor:
+    """Tokens a search never outputs: padding, BOS, the vocabulary's fillers, and <unk> unless --allow-unk."""
+    return torch.tensor([PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID]) + models.never, device=device)
 
 
 class Finished:
@@ -254,9 +268,10 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
                   limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
     states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
     finished = Finished(batch, beam, max(limit) + 1, device)
-    banned, read_every = banned_tokens(config, device), steps_between_reads(device)
+    banned, read_every = banned_tokens(models, config, device), steps_between_reads(device)
 
     for step in range(max(limit) + 1):
+        models.check_deadline()
         n, width = beams.scores.shape
         top_scores, top_row, top_token = _best_candidates(models, states, beams, step, beam, k, banned)
         is_eos = top_token == EOS_ID
@@ -297,12 +312,13 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     limits = output_limits(src, prefixes, config, models.max_positions)
     soonest_limit, states = int(limits.min()), models.start(src)
     k = min(config.sampling_topk or models.vocab_size, models.vocab_size)
-    banned, read_every = banned_tokens(config, device), steps_between_reads(device)
+    banned, read_every = banned_tokens(models, config, device), steps_between_reads(device)
     history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(batch * n, device=device)
     length = torch.zeros(batch * n, dtype=torch.long, device=device)
     done = torch.zeros(batch * n, dtype=torch.bool, device=device)
     for step in range(int(limits.max()) + 1):
+        models.check_deadline()
         width = 1 if step == 0 else n  # the first step draws a sentence's n samples from its one row
         lp, ids = models.top_tokens(history[:, -1], states, k, banned,
                                     forced_tokens(step, limits, soonest_limit, prefixes, width))
@@ -328,7 +344,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
 def _draw(lp: Tensor, config: SearchConfig, generator: torch.Generator, count: int) -> Tensor:
     """`count` draws (with replacement) per row from log-probabilities `lp` sorted best first."""
     logits = lp / config.temperature
-    if config.sampling_topp is not None:
+    if config.sampling_topp is not None and config.sampling_topp < 1:
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs.cumsum(-1) - probs >= config.sampling_topp, -math.inf)
     return torch.multinomial(logits.softmax(-1), count, replacement=True, generator=generator)

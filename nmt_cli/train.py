@@ -14,12 +14,9 @@ as one run.
 from __future__ import annotations
 
 import contextlib
-import enum
-import math
 import signal
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,86 +25,20 @@ import torch
 
 from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.architecture import ModelConfig
 from nmt_cli.checkpointer import Checkpointer, set_rng_state
-from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig
+from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
 from nmt_cli.data import Batch, ParallelData, Prefetcher, shuffled, token_batches
 from nmt_cli.datadir import DataDir
+from nmt_cli.device import out_of_memory
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries
 from nmt_cli.model import Transformer
+from nmt_cli.progress import Progress, Stop
 from nmt_cli.runlog import RunLog
 from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
-MAX_NONFINITE_IN_A_ROW = 5
-BETTER = {"nll": min, "bleu": max, "chrf": max, "ter": min}  # the better of two validation results
-
-
-class Stop(enum.Enum):
-    """Why a training run stops."""
-
-    MAX_UPDATES = enum.auto()
-    MAX_EPOCHS = enum.auto()
-    MAX_TIME = enum.auto()
-    PATIENCE = enum.auto()
-    INTERRUPTED = enum.auto()
-
-    def describe(self, c: TrainConfig, signals: Sequence[int] = ()) -> str:
-        if self is Stop.MAX_UPDATES:
-            return f"reached --max-updates {c.max_updates}"
-        if self is Stop.MAX_EPOCHS:
-            return f"reached --max-epochs {c.max_epochs}"
-        if self is Stop.MAX_TIME:
-            return f"reached --max-time {c.max_time:g} minutes"
-        if self is Stop.PATIENCE:
-            return f"no better validation {c.best_checkpoint_metric} in {c.patience} validations (--patience)"
-        return f"interrupted by signal {signals[0] if signals else ''}".strip()
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint."""
-
-    updates: int = 0
-    epoch: int = 1
-    epoch_updates: int = 0
-    elapsed_s: float = 0.0
-    best_valid_nll: float = math.inf
-    best_valid_bleu: float = -1.0
-    best_valid_chrf: float = -1.0
-    best_valid_ter: float = math.inf
-    bad_validations: int = 0
-    nonfinite_skips: int = 0
-    oom_skips: int = 0
-
-    def done(self, c: TrainConfig) -> Stop | None:
-        """Why training should stop now, if it should (the criteria that need no clock or signal)."""
-        if c.max_updates is not None and self.updates >= c.max_updates:
-            return Stop.MAX_UPDATES
-        if c.max_epochs is not None and self.epoch > c.max_epochs:
-            return Stop.MAX_EPOCHS
-        if c.patience is not None and self.bad_validations >= c.patience:
-            return Stop.PATIENCE
-        return None
-
-    def finished(self, c: TrainConfig) -> str | None:
-        """Why a run that starts from here has nothing to do, if it has not."""
-        if c.max_time is not None and self.elapsed_s >= c.max_time * 60:  # the same on every process
-            return f"{self.elapsed_s / 60:.1f} minutes trained already (--max-time {c.max_time:g})"
-        stop = self.done(c)
-        return stop.describe(c) if stop is not None else None
-
-    def validated(self, result: dict[str, float], metric: str) -> bool:
-        """Take a validation's result; returns whether it is the best so far by `metric`."""
-        key = "nll" if metric == "ppl" else metric
-        so_far = getattr(self, f"best_valid_{key}")
-        best = BETTER[key](so_far, result[key]) != so_far  # strictly better
-        for name, better in BETTER.items():
-            if name in result:
-                setattr(self, f"best_valid_{name}", better(getattr(self, f"best_valid_{name}"), result[name]))
-        self.bad_validations = 0 if best else self.bad_validations + 1
-        return best
-
-
+MAX_SKIPS_IN_A_ROW = 5
 def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:
     """Refuse data with a sequence longer than the model's positions, naming the valid pair."""
     longest = max(int(max(train.src_lengths.max(), train.tgt_lengths.max())) for train in trains)
@@ -185,41 +116,54 @@ def share(order: list[np.ndarray], update: int, runtime: Runtime,
 
 
 class SkipGuard:
-    """Runs Trainer.update, skipping a batch that runs out of GPU memory (one process) or gives a
-    non-finite loss; MAX_NONFINITE_IN_A_ROW of those in a row mean divergence: stop."""
+    """Runs Trainer.update, skipping a batch that runs out of memory (one process) or gives a
+    non-finite loss. MAX_SKIPS_IN_A_ROW of one kind in a row stop the run with advice: the
+    memory cannot hold such batches, or training diverged."""
 
     def __init__(self, trainer: Trainer, progress: Progress, log: RunLog) -> None:
         self.trainer, self.progress, self.log = trainer, progress, log
-        self.nonfinite_in_a_row = 0
+        self.in_a_row = {"oom": 0, "nonfinite": 0}
 
     def update(self, batches: list[Batch], update_tokens: int, step: int) -> dict[str, float] | None:
-        p, runtime = self.progress, self.trainer.runtime
         try:
             stats = self.trainer.update(batches, update_tokens, step)
-        except torch.cuda.OutOfMemoryError:
-            if runtime.world > 1:
-                raise NmtError(f"CUDA out of memory at update {step} on process {runtime.rank}; "
-                               "lower --max-tokens (and raise --update-freq)") from None
-            self.trainer.optimizer.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
-            p.oom_skips += 1
-            self.log.log(f"CUDA out of memory at update {step}: batch skipped ({p.oom_skips} so far)")
+        except RuntimeError as e:  # CUDA's OutOfMemoryError is one
+            if not out_of_memory(e):
+                raise
+            self._out_of_memory(step, "CUDA out of memory" if isinstance(e, torch.cuda.OutOfMemoryError)
+                                else "out of memory")
             return None
+        self.in_a_row["oom"] = 0
         if stats is None:
-            p.nonfinite_skips += 1
-            self.nonfinite_in_a_row += 1
-            self.log.log(f"non-finite loss at update {step}: update skipped ({p.nonfinite_skips} so far)")
-            if self.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
-                raise NmtError(f"{MAX_NONFINITE_IN_A_ROW} non-finite losses in a row at update {step}: training "
-                               "diverged; lower the learning rate (--lr-scale/--lr), or use --precision bf16/fp32")
+            self._skipped("nonfinite", step, "non-finite loss", "update", "training diverged; lower the learning "
+                          "rate (--lr-scale/--lr), or use --precision bf16/fp32")
             return None
-        self.nonfinite_in_a_row = 0
+        self.in_a_row["nonfinite"] = 0
         if "loss_scale" in stats:
             before, after = stats.pop("loss_scale")
             change = "overflow, step skipped" if after < before else "stable, grown"
             self.log.log(f"fp16 loss scale {before:g} -> {after:g} at update {step} ({change})")
             self.log.record({"kind": "loss_scale", "update": step, "before": before, "after": after})
         return stats
+
+    def _out_of_memory(self, step: int, what: str) -> None:
+        runtime, advice = self.trainer.runtime, "lower --max-tokens (and raise --update-freq to keep the update size)"
+        if runtime.world > 1:
+            raise NmtError(f"{what} at update {step} on process {runtime.rank}; {advice}") from None
+        self.trainer.optimizer.zero_grad(set_to_none=True)
+        if runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._skipped("oom", step, what, "batch", f"such batches do not fit; {advice}")
+
+    def _skipped(self, kind: str, step: int, what: str, skipped: str, advice: str) -> None:
+        """Count and log a skip (`kind`: oom or nonfinite); the MAX_SKIPS_IN_A_ROW-th of a kind in a
+        row stops the run."""
+        total = getattr(self.progress, f"{kind}_skips") + 1
+        setattr(self.progress, f"{kind}_skips", total)
+        self.in_a_row[kind] += 1
+        self.log.log(f"{what} at update {step}: {skipped} skipped ({total} so far)")
+        if self.in_a_row[kind] >= MAX_SKIPS_IN_A_ROW:
+            raise NmtError(f"{what} {MAX_SKIPS_IN_A_ROW} times in a row (update {step}): {advice}")
 
 
 def starting_line(run: TrainingRun) -> str:
@@ -269,6 +213,11 @@ class TrainingRun:
         """Take up the optimizer, progress and RNG states of the checkpoint resumed from."""
         self.trainer.load_state(state)
         self.progress = Progress(**state["progress"])
+        decay = state.get("train_config", {}).get("ema_decay")
+        if "ema" in state and not self.config.ema_decay:
+            self.log.log(f"warning: {self.checkpoints.last} keeps a weight average (--ema-decay {decay:g}); this "
+                         f"run, without --ema-decay, stops averaging and checkpoint_ema.pt stays at update "
+                         f"{self.progress.updates}: add --ema-decay {decay:g} to continue the average")
         if state["batching"] != self.batching():
             self.log.log(f"batching changed since {self.checkpoints.last} ({state['batching']} -> "
                          f"{self.batching()}): continuing with epoch {self.progress.epoch + 1}")
@@ -332,7 +281,7 @@ class TrainingRun:
         interrupted: list[int] = []  # Ctrl-C or SIGTERM: save at the current update, then stop
         handlers = {sig: signal.signal(sig, lambda n, _f: interrupted.append(n))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
-        self.log.start(c.max_updates, p.updates)
+        self.log.start(c.max_updates, p.updates, c.max_time * 60 if c.max_time else None, self.elapsed())
         guard = SkipGuard(self.trainer, p, self.log)
         stop: Stop | None = None
         try:
@@ -352,7 +301,7 @@ class TrainingRun:
                     p.epoch_updates += 1
                     if stats is not None:
                         p.updates += 1
-                        self.log.count(stats)
+                        self.log.count(stats, p.updates, self.elapsed())
                         if p.updates % c.log_interval == 0:
                             self.log.report(p.updates, p.epoch, stats["lr"], self.elapsed(), rt.world)
                     stop = self._after_update(interrupted, advanced=stats is not None)
@@ -364,6 +313,7 @@ class TrainingRun:
             if stop is Stop.INTERRUPTED:
                 raise NmtError(f"{stop.describe(c, interrupted)}; checkpoint saved at update {p.updates} in "
                                f"{self.save_dir}. Run the same command again to resume.")
+            self.log.close_bar()
             self.log.log(f"done: {stop.describe(c)}; {p.updates} updates, {self.elapsed() / 60:.1f} minutes")
         finally:
             for sig, handler in handlers.items():

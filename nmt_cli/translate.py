@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
 import torch
 
-from nmt_cli import NmtError, kernels
+from nmt_cli import NmtError
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
-from nmt_cli.data import pad
 from nmt_cli.device import select as select_device
 from nmt_cli.files import remove_stale_temporaries, replacing
-from nmt_cli.lines import chunks, decode_lines
-from nmt_cli.model import Transformer
-from nmt_cli.search import Ensemble, Hypothesis, beam_search, sample
+from nmt_cli.generator import Generator
+from nmt_cli.lines import arriving_chunks
+from nmt_cli.search import Hypothesis
 from nmt_cli.text import TextProcessor
-from nmt_cli.vocab import BOS_ID, EOS_ID
+from nmt_cli.vocab import BOS_ID, EOS_ID, UNK, UNK_ID
 
 CHUNK_LINES = 4096
 
@@ -44,30 +41,30 @@ class Translator:
                 raise NmtError("ensemble members must share their vocabularies")
         self.config, self.device, self.dtype = config, device, dtype
         self.bundle = first
-        models = [b.model.to(device=device, dtype=dtype) for b in bundles]
-        if config.quantize == "int8":
-            for model in models:
-                quantize_int8(model, device, dtype)
-        if config.cuda_graphs and device.type != "cuda":
-            raise NmtError(f"--cuda-graphs needs a CUDA device, not {device.type}")
-        self.models = Ensemble(models, graphs=config.cuda_graphs and not config.search.sampling)
+        self.warn = warn or (lambda message: print(message, file=sys.stderr))
+        self.generator = Generator([b.model for b in bundles], device, dtype, max_tokens=config.max_tokens,
+                                   batch_size=config.batch_size, never=first.tgt_vocab.fillers,
+                                   graphs=config.cuda_graphs, quantize=config.quantize, seed=config.search.seed,
+                                   warn=self.warn)
+        self.models = self.generator.models
         codes = first.bpe_codes if config.input_format == "raw" else None
         self.source = TextProcessor(first.text, first.text.source_lang, codes, first.sentencepiece)
         target_codes = codes if config.prefix else None  # BPE on the target side only for --prefix
         self.target = TextProcessor(first.text, first.text.target_lang, target_codes, first.sentencepiece)
-        self.generator = torch.Generator(device)
-        if config.search.seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(config.search.seed)
-        self.warn = warn or (lambda message: print(message, file=sys.stderr))
-        self.halved = False  # a batch was split after running out of GPU memory (warned once)
+        self.unknown_prefix = False  # a prefix held tokens the vocabulary lacks (warned once)
 
     def encode(self, line: str, number: int, side: str = "source") -> list[int]:
         """Source (or, for --prefix, target) token ids of a line, cut to the model's positions."""
         processor, vocab = (self.source, self.bundle.src_vocab) if side == "source" else \
             (self.target, self.bundle.tgt_vocab)
-        ids = vocab.encode(processor.encode(line) if self.config.input_format == "raw" else line.split())
+        tokens = processor.encode(line) if self.config.input_format == "raw" else line.split()
+        ids = vocab.encode(tokens)
+        if side == "target" and not self.unknown_prefix and UNK_ID in ids:
+            unknown = [t for t, i in zip(tokens, ids) if i == UNK_ID and t != UNK]
+            if unknown:
+                self.warn(f"warning: line {number}: the prefix has {', '.join(map(repr, unknown[:3]))}, which the "
+                          "model's vocabulary lacks: forced as <unk> (warned once)")
+                self.unknown_prefix = True
         limit = self.models.max_positions - (1 if side == "source" else 2)  # room for EOS (and a token)
         if len(ids) > limit:
             what = "tokens" if side == "source" else "prefix tokens"
@@ -86,45 +83,10 @@ class Translator:
 
     def translate_ids(self, sources: list[list[int]], prefixes: list[list[int]] | None = None,
                       search: SearchConfig | None = None) -> list[list[Hypothesis]]:
-        """Beam search (or sampling) over non-empty sources, batched by length, each output
-        starting with its prefix when given; results in input order. `search` replaces the
-        configured search options (`nmt serve`'s per-request options)."""
-        search = search or self.config.search
-        results: list[list[Hypothesis]] = [[] for _ in sources]
-        order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
-        for batch in batches(order, sources, self.config):
-            for i, h in zip(batch, self.search_fitting(batch, sources, prefixes, search)):
-                results[i] = h
-        return results
-
-    def search_fitting(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
-                       search: SearchConfig) -> list[list[Hypothesis]]:
-        """The hypotheses of `batch`; where the GPU runs out of memory, those of its two halves."""
-        try:
-            return self.search_batch(batch, sources, prefixes, search)
-        except torch.cuda.OutOfMemoryError:
-            if len(batch) == 1:
-                raise NmtError(f"CUDA out of memory translating a single sentence of {len(sources[batch[0]])} "
-                               "tokens; use a smaller --beam or --device cpu") from None
-        self.models.release_graphs()  # their padded caches are the largest buffers kept
-        torch.cuda.empty_cache()
-        if not self.halved:
-            self.warn(f"warning: CUDA out of memory for {len(batch)} sentences at once: translating such batches "
-                      "in halves (a smaller --max-tokens avoids the retries)")
-            self.halved = True
-        half = len(batch) // 2
-        return [hyps for part in (batch[:half], batch[half:])
-                for hyps in self.search_fitting(part, sources, prefixes, search)]
-
-    def search_batch(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
-                     search: SearchConfig) -> list[list[Hypothesis]]:
-        src = pad([np.array(sources[i] + [EOS_ID]) for i in batch]).to(self.device)
-        forced = None
-        if prefixes is not None and any(prefixes[i] for i in batch):
-            forced = pad([np.array(prefixes[i], dtype=np.int64) for i in batch], value=-1).to(self.device)
-        if search.sampling:
-            return sample(self.models, src, search, self.generator, forced)
-        return beam_search(self.models, src, search, forced)
+        """Beam search (or sampling) over non-empty sources, each output starting with its prefix
+        when given; results in input order. `search` replaces the configured search options
+        (`nmt serve`'s per-request options)."""
+        return self.generator.search(sources, search or self.config.search, prefixes)
 
     def search_lines(self, lines: list[str], first_number: int = 1,
                      search: SearchConfig | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
@@ -191,45 +153,18 @@ class Translator:
         return record
 
 
-def batches(order: list[int], sources: list[list[int]], config: TranslateConfig) -> Iterator[list[int]]:
-    """Consecutive runs of the length-sorted `order` within --max-tokens and --batch-size."""
-    batch: list[int] = []
-    for i in order:
-        width = len(sources[i]) + 1
-        too_many = config.batch_size is not None and len(batch) >= config.batch_size
-        if batch and (too_many or (len(batch) + 1) * width > config.max_tokens):
-            yield batch
-            batch = []
-        batch.append(i)
-    if batch:
-        yield batch
-
-
-def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) -> None:
-    """`--quantize int8`: see kernels.quantize_int8; CPU and float32 only."""
-    if device.type != "cpu" or dtype != torch.float32:
-        raise NmtError(f"--quantize int8 runs on the CPU in fp32 (add --device cpu), not on {device.type} "
-                       f"in {str(dtype).removeprefix('torch.')}")
-    try:
-        with warnings.catch_warnings():  # torch >= 2.10 warns that torch.ao moves to torchao
-            warnings.simplefilter("ignore")
-            kernels.quantize_int8(model)
-    except (ImportError, RuntimeError) as e:
-        raise NmtError(f"--quantize int8: this PyTorch cannot quantize on this CPU ({e})") from None
-
-
-def translate_stream(translator: Translator, source: IO[bytes], source_name: str, write: Callable[[str], None],
+def translate_stream(translator: Translator, source: IO[bytes], source_name: str, out: IO[str],
                      progress: bool = False) -> int:
-    """Translate every line of `source` and `write` each output line; returns the line count.
-    Typed at a terminal, each line is translated as soon as it is entered."""
+    """Translate every line of `source` and write each output line to `out`; returns the line
+    count. From a pipe or a terminal, what has arrived is translated whenever the input pauses, and
+    each chunk's lines are flushed: a program that writes a line and waits for it is answered."""
     from tqdm import tqdm
 
     count = 0
-    size = 1 if source.isatty() else CHUNK_LINES
     with tqdm(unit="line", disable=not (progress and sys.stderr.isatty()), file=sys.stderr) as bar:
-        for chunk in chunks(decode_lines(source, source_name), size):
-            for line in translator.translate_lines(chunk, count + 1):
-                write(line + "\n")
+        for chunk in arriving_chunks(source, source_name, CHUNK_LINES):
+            out.writelines(line + "\n" for line in translator.translate_lines(chunk, count + 1))
+            out.flush()
             count += len(chunk)
             bar.update(len(chunk))
     return count
@@ -246,10 +181,10 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
     name = str(input_path) if input_path else "<stdin>"
     try:
         if output_path is None:
-            return translate_stream(translator, source, name, sys.stdout.write)
+            return translate_stream(translator, source, name, sys.stdout)
         remove_stale_temporaries(output_path.parent)
         with replacing(output_path, "the translation") as tmp, open(tmp, "w", encoding="utf-8") as out:
-            return translate_stream(translator, source, name, out.write, progress=input_path is not None)
+            return translate_stream(translator, source, name, out, progress=input_path is not None)
     finally:
         if input_path:
             source.close()

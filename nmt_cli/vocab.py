@@ -16,6 +16,11 @@ from nmt_cli import NmtError
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+FILLER = "madeupword{:04d}"  # the never-seen entries that pad a vocabulary (fairseq's name)
+
+
+def _is_filler(token: str) -> bool:
+    return token.startswith("madeupword") and token[10:].isdigit()
 
 
 class VocabularyError(NmtError):
@@ -31,6 +36,11 @@ class Vocabulary:
         self.index = {token: i for i, token in enumerate(self.tokens)}
         if len(self.index) != len(self.tokens):
             raise VocabularyError("duplicate tokens in vocabulary")
+        # The entries `build` padded with: the trailing run of filler names (a checkpoint keeps no counts).
+        self.fillers = list(itertools.takewhile(lambda i: _is_filler(self.tokens[i]),
+                                                range(len(self.tokens) - 1, len(SPECIALS) - 1, -1)))[::-1]
+        for i in self.fillers:  # text never reads as a filler: it is no word of the corpus
+            del self.index[self.tokens[i]]
 
     @classmethod
     def build(cls, counts: Counter[str], min_count: int = 1, max_size: int | None = None,
@@ -47,7 +57,7 @@ class Vocabulary:
             ranked = ranked[: max(0, max_size - len(SPECIALS))]
         tokens, taken = [t for t, _ in ranked], {t for t, _ in ranked}
         extra = (-(len(tokens) + len(SPECIALS))) % padding_factor
-        fillers = (f"madeupword{i:04d}" for i in itertools.count())
+        fillers = (FILLER.format(i) for i in itertools.count())
         tokens += itertools.islice((t for t in fillers if t not in taken), extra)
         return cls(tokens, [c for _, c in ranked] + [0] * extra)
 

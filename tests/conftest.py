@@ -68,7 +68,8 @@ def tiny_checkpoint(path: Path, seed: int = 0, symbols: str = SYMBOLS, max_posit
     import torch
 
     from nmt_cli import checkpoint as ckpt
-    from nmt_cli.config import PRESETS, TextConfig
+    from nmt_cli.architecture import PRESETS
+    from nmt_cli.config import TextConfig
     from nmt_cli.model import Transformer
     from nmt_cli.vocab import PAD_ID, Vocabulary
 

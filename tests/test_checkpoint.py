@@ -11,8 +11,8 @@ from conftest import tiny_checkpoint
 
 from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.architecture import ModelConfig
 from nmt_cli.cli import main
-from nmt_cli.config import ModelConfig
 from nmt_cli.model import Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -145,3 +145,57 @@ def test_average_checkpoints_cli(tmp_path):
     result = CliRunner().invoke(main, ["average-checkpoints", "--inputs", str(tmp_path / "checkpoint_1.pt"),
                                        "--inputs", str(tmp_path / "bad.pt"), "-o", str(tmp_path / "y.pt")])
     assert result.exit_code == 1 and "bad.pt" in result.output and not (tmp_path / "y.pt").exists()
+
+
+def craft(checkpoint: dict, damage: str) -> dict:
+    """`checkpoint` with one thing wrong, as an adversary or a broken tool would write it."""
+    weights = dict(checkpoint["model"])
+    name = "decoder_layers.0.ffn.w1.weight"
+    if damage == "shape":
+        weights[name] = weights[name][:, :-1].clone()
+    elif damage == "missing":
+        del weights[name]
+    elif damage == "extra":
+        weights["backdoor.weight"] = torch.zeros(2)
+    elif damage == "int64":
+        weights[name] = weights[name].long()
+    elif damage == "nan":
+        weights[name] = weights[name].clone()
+        weights[name][0, 0] = float("nan")
+    elif damage == "positions":
+        return {**checkpoint, "model_config": {**checkpoint["model_config"], "max_positions": 2**31}}
+    elif damage == "vocabulary":
+        return {**checkpoint, "tgt_vocab": 42}
+    return {**checkpoint, "model": weights}
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors"])
+@pytest.mark.parametrize("damage, message", [
+    ("shape", "tensor decoder_layers.0.ffn.w1.weight has shape [64, 31], the config needs [64, 32]"),
+    ("missing", "tensor decoder_layers.0.ffn.w1.weight is missing"),
+    ("extra", "tensor backdoor.weight is not one of the model's"),
+    ("int64", "tensor decoder_layers.0.ffn.w1.weight holds int64 values, not floating point"),
+    ("nan", "tensor decoder_layers.0.ffn.w1.weight holds NaN or infinite values"),
+    ("positions", "damaged checkpoint: max_positions=2147483648: must be <= 65536"),
+    ("vocabulary", "damaged checkpoint: tgt_vocab is not a vocabulary"),
+])
+def test_a_crafted_checkpoint_is_refused_on_load_naming_what_is_wrong(tmp_path, fmt, damage, message):
+    from nmt_cli.export import save_safetensors
+
+    good = ckpt.load(tiny_checkpoint(tmp_path / "m.pt"))
+    path = tmp_path / f"crafted.{fmt}"
+    (ckpt.save if fmt == "pt" else save_safetensors)(craft(good, damage), path)
+    for read in (ckpt.load, ckpt.load_bundle):
+        with pytest.raises(NmtError) as refused:
+            read(path)
+        assert str(refused.value) == f"{path}: {message}" or str(refused.value).startswith(f"{path}: {message}")
+    result = CliRunner().invoke(main, ["translate", "-m", str(path), "--device", "cpu"], input="a b\n")
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [f"Error: {refused.value}"]
+
+
+def test_a_checkpoint_averages_with_its_safetensors_export(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    assert CliRunner().invoke(main, ["export", "-m", str(model), "--format", "safetensors", "-o",
+                                     str(tmp_path / "m.safetensors")]).exit_code == 0
+    averaged = ckpt.average([model, tmp_path / "m.safetensors"])
+    assert all(torch.equal(averaged["model"][k], v) for k, v in ckpt.load(model)["model"].items())

@@ -7,8 +7,9 @@ import torch
 
 from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.architecture import PRESETS
 from nmt_cli.checkpointer import Checkpointer, rng_state, set_rng_state
-from nmt_cli.config import PRESETS, TextConfig
+from nmt_cli.config import TextConfig
 from nmt_cli.model import Transformer
 from nmt_cli.trainer import Runtime
 from nmt_cli.vocab import PAD_ID, Vocabulary

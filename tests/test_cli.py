@@ -4,6 +4,7 @@ habits users bring from fairseq."""
 import dataclasses
 import json
 
+import click
 import pytest
 from click.testing import CliRunner
 from conftest import synthetic_data_dir, tiny_checkpoint
@@ -94,8 +95,8 @@ def test_nbest_in_text_output_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--lr", "5e-4"], "--lr is the peak rate of --lr-schedule inverse-sqrt"),
-    (["--lr-schedule", "inverse-sqrt", "--lr-scale", "2"], "--lr-scale multiplies the noam schedule"),
+    (["--lr", "5e-4"], "--lr applies only with --lr-schedule inverse-sqrt (the default noam schedule"),
+    (["--lr-schedule", "inverse-sqrt", "--lr-scale", "2"], "--lr-scale applies only to the noam schedule (eq. 3)"),
 ])
 def test_a_rate_flag_the_schedule_ignores_is_refused(tmp_path, flags, message):
     data = synthetic_data_dir(tmp_path, n_train=20, n_valid=4)
@@ -112,3 +113,65 @@ def test_average_checkpoints_takes_paths_in_every_form(tmp_path, form):
     assert result.exit_code == 0, result.output
     assert "averaged 2 checkpoints" in result.output
     assert [entry["path"] for entry in ckpt.load(tmp_path / "avg.pt")["averaged_from"]] == [str(a), str(b)]
+
+
+def test_help_shows_every_command_whole_on_80_columns():
+    result = CliRunner().invoke(main, ["--help"], terminal_width=80)
+    commands = result.output.split("Commands:")[1].strip().splitlines()
+    assert len(commands) == len(main.commands) and not [line for line in commands if line.endswith("...")]
+
+
+def numeric_options(command: str) -> list[click.Option]:
+    return [p for p in main.commands[command].params if isinstance(p.type, (click.IntRange, click.FloatRange))]
+
+
+def required_arguments(command: str, tmp_path) -> list[str]:
+    model = str(tiny_checkpoint(tmp_path / "m.pt"))
+    return {"translate": ["-m", model], "serve": ["-m", model], "train": [str(tmp_path), "--save-dir", "ck"],
+            "preprocess": ["-s", "a", "-t", "b", "--destdir", "d"]}[command]
+
+
+@pytest.mark.parametrize("command", ["translate", "serve", "train", "preprocess"])
+def test_no_number_option_takes_nan_inf_or_a_huge_value(tmp_path, command):
+    """Every number flag is parsed by the one check of config.knob_problem: NaN and infinities are
+    refused for floats, values past the range (10**30 for integers, say) for both."""
+    options = numeric_options(command)
+    assert len(options) >= {"translate": 12, "serve": 10, "train": 30, "preprocess": 8}[command]
+    for option in options:
+        floats = isinstance(option.type, click.FloatRange)
+        for value in ("nan", "inf", "-inf") if floats else (str(10**30), str(-10**30)):
+            result = run(command, *required_arguments(command, tmp_path), option.opts[-1], value)
+            assert result.exit_code == 2 and f"Invalid value for '{option.opts[-1]}'" in result.output, \
+                (option.opts, value, result.output)
+            assert "must be" in result.output.splitlines()[-1] and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command, flags, message", [
+    ("translate", ["--seed", "5"], "--seed applies only with --sampling"),
+    ("translate", ["--sampling-topk", "5"], "--sampling-topk applies only with --sampling"),
+    ("translate", ["--temperature", "0.5"], "--temperature applies only with --sampling"),
+    ("translate", ["--sampling", "--beam", "5"], "--beam applies only to beam search, not with --sampling"),
+    ("translate", ["--attention"], "--attention applies only with --format jsonl"),
+    ("translate", ["--format", "jsonl", "--attention-layer", "1"], "--attention-layer applies only with --attention"),
+    ("translate", ["--layers", "1"], "--layers applies only with --attention-plot"),
+    ("preprocess", ["--subword", "sentencepiece", "--bpe-merges", "100"],
+     "--bpe-merges applies only to --subword bpe"),
+    ("preprocess", ["--subword", "sentencepiece", "--vocab-size", "100", "--tokenizer", "none"],
+     "--tokenizer applies only to --subword bpe"),
+    ("preprocess", ["--subword", "sentencepiece", "--sentencepiece-model", "SELF", "--vocab-size", "50"],
+     "--vocab-size applies only without --sentencepiece-model or --srcdict"),
+    ("preprocess", ["--srcdict", "SELF", "--vocab-min-count", "2"], "--vocab-min-count applies only without --srcdict"),
+    ("preprocess", ["--subword", "sentencepiece", "--vocab-size", "100", "--sentencepiece-alpha", "0.5"],
+     "--sentencepiece-alpha applies only with --sentencepiece-samples"),
+    ("train", ["--eval-bleu-beam", "5"], "--eval-bleu-beam applies only with --eval-bleu"),
+])
+def test_a_flag_that_would_be_ignored_is_refused(tmp_path, command, flags, message):
+    some_file = tiny_checkpoint(tmp_path / "m.pt")
+    flags = [str(some_file) if flag == "SELF" else flag for flag in flags]
+    result = run(command, *required_arguments(command, tmp_path), *flags)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_export_shows_its_default_quantization_among_the_choices():
+    quantization = next(p for p in main.commands["export"].params if p.name == "quantization")
+    assert quantization.default == "float32" and "float32" in quantization.type.choices

@@ -4,7 +4,13 @@ with </s> (at the length limit we add </s> and count it, CTranslate2 cuts the hy
 does not end before a first token). Beam search without a length penalty agrees on most."""
 
 import json
+import os
+import resource
+import signal
+import stat
 import struct
+import subprocess
+import sys
 
 import ctranslate2
 import pytest
@@ -13,8 +19,9 @@ from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir, tiny_checkpoint
 
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
-from nmt_cli.config import PRESETS, SearchConfig, TrainConfig
+from nmt_cli.config import SearchConfig, TrainConfig
 from nmt_cli.search import Ensemble, beam_search
 from nmt_cli.train import TrainingRun
 from nmt_cli.vocab import EOS_ID, PAD_ID
@@ -170,3 +177,47 @@ def test_a_missing_optional_package_is_named_with_how_to_install_it(tmp_path, mo
     args = [str(tmp_path / a) if a.startswith("OUT") else a for a in command]
     result = run(*args, "-m", model, *(["--device", "cpu"] if command == ["serve"] else []))
     assert result.exit_code == 1 and message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_safetensors_export_has_the_usual_mode_and_clears_what_a_killed_one_left(tmp_path):
+    from nmt_cli.files import HOST
+
+    model, out = tiny_checkpoint(tmp_path / "m.pt"), tmp_path / "m.safetensors"
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a process id that no longer runs: an export killed by SIGKILL
+    stale = tmp_path / f".m.safetensors.nmt-tmp-{HOST}-{dead.pid}-0123456789abcdef"
+    stale.write_bytes(b"\0" * 1000)
+    umask = os.umask(0o022)
+    try:
+        assert run("export", "-m", model, "--format", "safetensors", "-o", out).exit_code == 0
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "m.safetensors"]
+
+
+def test_a_safetensors_export_to_a_full_disk_says_one_line_and_leaves_nothing(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    done = subprocess.run([sys.executable, "-m", "nmt_cli", "export", "-m", str(model), "--format", "safetensors",
+                           "-o", str(tmp_path / "m.safetensors")], capture_output=True, text=True,
+                          preexec_fn=small_files)
+    assert done.returncode == 1 and done.stderr.strip() == \
+        f"Error: {tmp_path / 'm.safetensors'}: cannot write safetensors file (File too large)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+def test_an_export_over_the_current_directory_is_refused(tmp_path, monkeypatch):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    empty = tmp_path / "here"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    for out in (".", str(tmp_path)):
+        result = run("export", "-m", model, "--format", "ctranslate2", "-o", out)
+        assert result.exit_code == 1 and "is the current directory or holds it; choose a new --output" in \
+            result.output and "Traceback" not in result.output
+    assert empty.is_dir() and not list(empty.iterdir())

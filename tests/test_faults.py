@@ -27,6 +27,12 @@ def train_command(data: Path, save_dir: Path, max_updates: int = UPDATES) -> lis
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def interruptible() -> None:
+    """In a child before it runs: Ctrl-C as in a terminal, even where this test runs with SIGINT
+    ignored (a shell's background job), which the child would inherit and Python then keep."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def writing(save_dir: Path) -> bool:
     return any(name.startswith(".checkpoint_") and ".nmt-tmp-" in name for name in os.listdir(save_dir))
 
@@ -208,7 +214,7 @@ def test_preprocess_on_a_full_disk_and_interrupted_with_workers_says_one_line(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.src", "in.tgt"]
 
     process = subprocess.Popen(args + ["--workers", "2"], env=ENV, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=interruptible)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".out.nmt-tmp-*")) and time.monotonic() < deadline:
         time.sleep(0.02)

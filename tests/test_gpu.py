@@ -176,7 +176,7 @@ def test_translate_on_the_gpu_with_every_search_option(tmp_path):
         assert len(gpu["nbest"]) == 2
         if gpu["translation"] == cpu["translation"]:
             assert gpu["nbest"][0]["log_prob"] == pytest.approx(cpu["nbest"][0]["log_prob"], abs=0.1)
-    sampled = [translate_cli(model, lines, "--device", "cuda", "--sampling", "--seed", 1, "--beam", 1, "--nbest", 3,
+    sampled = [translate_cli(model, lines, "--device", "cuda", "--sampling", "--seed", 1, "--nbest", 3,
                              "--format", "jsonl") for _ in range(2)]
     assert sampled[0] == sampled[1] and all(len(json.loads(r)["nbest"]) == 3 for r in sampled[0])
     twice = translate_cli(model, lines, "-m", model, "--device", "cuda")  # an ensemble of the model with itself

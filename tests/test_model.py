@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nmt_cli import kernels
-from nmt_cli.config import PRESETS
+from nmt_cli.architecture import PRESETS
 from nmt_cli.model import Transformer, positional_encoding
 
 PAD = 0

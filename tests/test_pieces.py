@@ -79,18 +79,38 @@ def test_preprocess_train_and_translate_with_sentencepiece(corpus, tmp_path):
     assert (tmp_path / "more/test.de.bin").read_bytes() == (tmp_path / "data/valid.de.bin").read_bytes()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--subword", "sentencepiece"], "--subword sentencepiece needs --vocab-size N"),
-    (["--sentencepiece-model", "SELF"], "--sentencepiece-model needs --subword sentencepiece"),
-    (["--sentencepiece-samples", "2"], "--sentencepiece-samples needs --subword sentencepiece"),
-    (["--subword", "sentencepiece", "--vocab-size", "100", "--bpe-codes", "SELF"],
-     "--bpe-codes applies to --subword bpe, not sentencepiece"),
+@pytest.mark.parametrize("flags, code, message", [
+    (["--subword", "sentencepiece"], 1, "--subword sentencepiece needs --vocab-size N"),
+    (["--sentencepiece-model", "SELF"], 2, "--sentencepiece-model applies only with --subword sentencepiece"),
+    (["--sentencepiece-samples", "2"], 2, "--sentencepiece-samples applies only with --subword sentencepiece"),
+    (["--subword", "sentencepiece", "--vocab-size", "100", "--bpe-codes", "SELF"], 2,
+     "--bpe-codes applies only to --subword bpe"),
+    (["--subword", "sentencepiece", "--vocab-size", "5"], 1, "--vocab-size 5 is too small for "),
+    (["--subword", "sentencepiece", "--vocab-size", "100", "--protect", "x+"], 2,
+     "--protect applies only to --subword bpe (SentencePiece reads the raw text)"),
 ])
-def test_missing_or_misplaced_sentencepiece_options_are_refused(corpus, tmp_path, flags, message):
+def test_missing_or_misplaced_sentencepiece_options_are_refused(corpus, tmp_path, flags, code, message):
     flags = [str(corpus / "train.en") if flag == "SELF" else flag for flag in flags]
     result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", corpus / "train", "--destdir", tmp_path / "d",
                  "--quiet", *flags)
-    assert result.exit_code == 1 and message in result.output and not (tmp_path / "d").exists()
+    assert result.exit_code == code and message in result.output and not (tmp_path / "d").exists()
+    assert "character_coverage" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("latin-1", "bad.de:2: invalid UTF-8 (byte 1: invalid continuation byte)"),
+    ("empty", "no sentence to learn a SentencePiece model from"),
+])
+def test_sentencepiece_on_bad_text_says_what_the_bpe_path_says(corpus, tmp_path, damage, message):
+    for lang in ("en", "de"):
+        lines = (corpus / f"train.{lang}").read_bytes().splitlines(keepends=True)
+        if damage == "latin-1":
+            lines[1] = "Überall\n".encode("latin-1") if lang == "de" else lines[1]
+        (tmp_path / f"bad.{lang}").write_bytes(b"".join(lines) if damage == "latin-1" else b"")
+    result = run("preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "bad", "--destdir", tmp_path / "d",
+                 "--subword", "sentencepiece", "--vocab-size", "100", "--quiet")
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert message in result.output and "lines.py" not in result.output and not (tmp_path / "d").exists()
 
 
 def sampled_data(corpus, dest, workers):
@@ -120,7 +140,8 @@ def test_training_takes_a_sampled_segmentation_per_epoch_and_resumes_exactly(cor
     import torch
 
     from nmt_cli import checkpoint as ckpt
-    from nmt_cli.config import PRESETS, TrainConfig
+    from nmt_cli.architecture import PRESETS
+    from nmt_cli.config import TrainConfig
     from nmt_cli.train import TrainingRun
 
     data = sampled_data(corpus, tmp_path / "data", workers=2)

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 from conftest import SYMBOLS, head, synthetic_data_dir, write_lines
 
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
-from nmt_cli.config import PRESETS, SearchConfig, TrainConfig, TranslateConfig
+from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
 from nmt_cli.train import TrainingRun
 from nmt_cli.translate import Translator
 

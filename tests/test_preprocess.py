@@ -343,3 +343,36 @@ def test_preprocessing_does_not_load_torch(tmp_path):
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_protected_pattern_matching_the_empty_string_is_refused(tmp_path):
+    result = preprocess(corpus(tmp_path), "--protect", "x*")
+    assert result.exit_code == 2 and "--protect 'x*': matches the empty string" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags", [["--lowercase"], ["--bpe-merges", "5"], ["--vocab-size", "10"],
+                                   ["--separate-dictionaries"]])
+def test_reusing_a_data_directory_refuses_the_settings_it_decides(tmp_path, flags):
+    assert preprocess(corpus(tmp_path)).exit_code == 0
+    result = run("preprocess", "-s", "en", "-t", "de", "--testpref", tmp_path / "valid", "--destdir",
+                 tmp_path / "more", "--from-data", tmp_path / "out", "--quiet", *flags)
+    assert result.exit_code == 2 and "applies only without --from-data" in result.output and flags[0] in result.output
+
+
+def test_the_summary_fits_80_columns(multi30k, tmp_path):
+    for split, n in (("train", 3000), ("val", 300)):
+        for lang in ("en", "de"):
+            write_lines(tmp_path / f"{split}.{lang}", head(multi30k / f"{split}.{lang}", n))
+    done = subprocess.run([sys.executable, "-m", "nmt_cli", "preprocess", "-s", "en", "-t", "de", "--trainpref",
+                           str(tmp_path / "train"), "--validpref", str(tmp_path / "val"), "--testpref",
+                           str(tmp_path / "val"), "--destdir", str(tmp_path / "out"), "--bpe-merges", "500",
+                           "--workers", "1"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in done.stderr, done.stderr
+    train = next(line.split() for line in lines if line.strip().startswith("train "))
+    meta = json.loads((tmp_path / "out/meta.json").read_text())["splits"]["train"]
+    assert train[1:4] == [f"{meta['pairs_out']:,}", f"{meta['tokens']['en']:,}", f"{meta['tokens']['de']:,}"]
+    dropped = ", ".join(f"{k} {v:,}" for k, v in meta["dropped"].items())
+    assert f"train: {meta['pairs_in'] - meta['pairs_out']:,} of 3,000 pairs dropped ({dropped})" in done.stderr

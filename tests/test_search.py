@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from nmt_cli import kernels, search
-from nmt_cli.config import PRESETS, SearchConfig
+from nmt_cli.architecture import PRESETS
+from nmt_cli.config import SearchConfig
 from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, beam_search, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -43,6 +44,9 @@ def test_max_length_is_a_times_source_plus_b():
     assert max_lengths(torch.tensor([3, 10]), config, 1024).tolist() == [53, 60]
     assert max_lengths(torch.tensor([3]), SearchConfig(max_len_a=2, max_len_b=5), 1024).tolist() == [11]
     assert max_lengths(torch.tensor([3000]), config, 1024).tolist() == [1023]  # within the positions
+    huge = SearchConfig(max_len_a=1e308, max_len_b=2**31 - 1)  # bounded before they become integers
+    assert max_lengths(torch.tensor([3, 0]), huge, 1024).tolist() == [1023, 1023]
+    assert max_lengths(torch.tensor([3, 100]), SearchConfig(max_len=20), 1024).tolist() == [20, 20]
 
 
 def greedy(model, src, limit):
@@ -192,6 +196,24 @@ def test_unknown_token_only_when_allowed(monkeypatch):
     assert UNK_ID not in beam_search(Ensemble([model]), src, config)[0][0].tokens
     allowed = SearchConfig(beam=2, max_len_a=0, max_len_b=5, allow_unk=True)
     assert UNK_ID in beam_search(Ensemble([model]), src, allowed)[0][0].tokens
+
+
+def test_vocabulary_fillers_are_never_output(monkeypatch):
+    model, fillers = random_model(12, 0), [10, 11]
+    bias = torch.zeros(12)
+    bias[fillers] = 20.0  # the fillers (never seen in training) by far the likeliest tokens
+    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.project(x) + bias)
+    src, prefixes = sources([[4, 5, 6, 7], [8, 9]], 12), prefix_tensor([[5], []])
+    beam, sampled = SearchConfig(beam=3, nbest=2, max_len_b=5), SearchConfig(sampling=True, nbest=4, max_len_b=5)
+
+    def outputs(ensemble):
+        found = beam_search(ensemble, src, beam) + beam_search(ensemble, src, beam, prefixes)
+        found += search.sample(ensemble, src, sampled, seeded(0)) + search.sample(ensemble, src, sampled, seeded(1),
+                                                                                  prefixes)
+        return {token for hyps in found for h in hyps for token in h.tokens}
+
+    assert set(fillers) <= outputs(Ensemble([model]))  # they would be chosen
+    assert not set(fillers) & outputs(Ensemble([model], never=fillers))
 
 
 def test_packed_projection_matches_the_model_and_leaves_it_alone():

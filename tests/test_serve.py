@@ -61,7 +61,8 @@ def start(tmp_path, *options, model=None, device="cpu"):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model, url, process = start(tmp_path_factory.mktemp("serve"), "--batch-window-ms", 200, "--max-sentences", 20)
+    model, url, process = start(tmp_path_factory.mktemp("serve"), "--batch-window-ms", 200, "--max-sentences", 20,
+                                "--max-hypotheses", 300)
     yield model, url
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
@@ -98,6 +99,14 @@ def test_concurrent_requests_are_batched_and_answered_as_translate_does(server):
     ({"text": ["a\\nb"]}, 400, "sentence 1: not a string of one line"),
     ({"text": ["a"], "beam": "4"}, 400, 'beam: "4" is not an integer'),
     ({"text": ["a"], "beam": 2, "nbest": 3}, 400, "--nbest 3 is larger than --beam 2"),
+    ({"text": ["a"], "beam": 20000, "max_len_b": 1000}, 400, "beam=20000: must be <= 1024"),
+    ({"text": ["a"], "beam": 17}, 400, "beam 17: more than the server's --max-beam 16"),
+    ({"text": ["a"], "max_len_b": 1000}, 400, "max_len_b 1000: more than the server's --max-output-tokens 256"),
+    ({"text": ["a"] * 20, "beam": 16}, 413, "20 sentences x beam 16: more than the server's --max-hypotheses 300"),
+    ({"text": ["a"], "max_len_b": 10**30}, 400, "max_len_b=1000000000000000000000000000000: must be <="),
+    (b'{"text": ["a"], "lenpen": NaN}', 400, "lenpen=nan: must be a finite number"),
+    (b'{"text": ["a"], "max_len_a": Infinity}', 400, "max_len_a=inf: must be a finite number"),
+    (b"[" * 100000, 400, "the body is JSON nested too deeply"),
 ])
 def test_bad_requests_get_a_reason_and_the_server_keeps_serving(server, body, status, reason):
     _, url = server
@@ -117,6 +126,47 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
         status, body = answer.result(timeout=60)
     assert status == 200 and len(body["translations"]) == len(LINES)
     assert process.wait(timeout=60) == 0
+
+
+def test_a_short_drain_answers_a_long_request_in_time_and_exits_on_time(tmp_path):
+    """SIGTERM 1 s into a request that takes far longer, with --drain-seconds 2: the client gets a
+    503 with a reason within the drain time, the server exits on time, and its log holds no traceback."""
+    model, url, process = start(tmp_path, "--drain-seconds", 2, "--max-output-tokens", 10000, "--max-hypotheses",
+                                100000, "--max-beam", 64)
+    long = {"text": [" ".join("abcdefghijklmnop")] * 1000, "beam": 64, "max_len_b": 10000, "max_len_a": 100}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(request, url + "/translate", long)
+        time.sleep(1.0)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        status, body = answer.result(timeout=60)
+        answered = time.monotonic() - signalled
+    assert process.wait(timeout=60) == 0
+    exited = time.monotonic() - signalled
+    assert status == 503 and "shutting down" in body["error"] and answered < 2.5, (status, body, answered)
+    assert exited < 5, exited
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_a_client_that_goes_away_leaves_no_traceback(tmp_path):
+    _, url, process = start(tmp_path)
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as client:  # promises a body it never sends
+        client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"text\"")
+        time.sleep(0.5)
+    time.sleep(0.5)
+    assert request(url + "/translate", {"text": ["a b"]})[0] == 200
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_an_unknown_host_is_refused_in_one_line(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    done = subprocess.run([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--host", "no-such-host.invalid",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip() == \
+        "Error: --host no-such-host.invalid: no such address (Name or service not known)"
 
 
 def test_a_port_in_use_is_refused_in_one_line(tmp_path):

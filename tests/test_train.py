@@ -13,8 +13,9 @@ from conftest import block_import, synthetic_data_dir
 
 from nmt_cli import NmtError, device, trainer
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
-from nmt_cli.config import PRESETS, TrainConfig
+from nmt_cli.config import TrainConfig
 from nmt_cli.train import TrainingRun
 from nmt_cli.trainer import label_smoothed_loss, learning_rate
 from nmt_cli.vocab import PAD_ID
@@ -312,11 +313,43 @@ def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run.trainer.net, "forward", sometimes_nan)
     before = {k: v.clone() for k, v in run.model.state_dict().items()}
-    with pytest.raises(NmtError, match="5 non-finite losses in a row"):
+    with pytest.raises(NmtError, match=r"non-finite loss 5 times in a row \(update 8\): training diverged"):
         run.run()
     assert run.progress.nonfinite_skips == 2 + 5 and run.progress.updates == 9 - 2
     assert all(torch.isfinite(v).all() for v in run.model.state_dict().values())
     assert any(not torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+
+
+@pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB"),
+                                   RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")])
+def test_batches_that_never_fit_in_memory_stop_the_run_with_advice(tmp_path, monkeypatch, capsys, error):
+    data = synthetic_data_dir(tmp_path)
+    run = run_training(data, tmp_path / "ck", max_epochs=50)
+    real, calls = run.trainer.update, []
+
+    def short_of_memory(batches, tokens, step):
+        calls.append(step)
+        if len(calls) in (2, 3) or len(calls) >= 5:  # two, then every batch from the fifth on
+            raise error
+        return real(batches, tokens, step)
+
+    monkeypatch.setattr(run.trainer, "update", short_of_memory)
+    what = "CUDA out of memory" if isinstance(error, torch.cuda.OutOfMemoryError) else "out of memory"
+    with pytest.raises(NmtError) as stopped:
+        run.run()
+    assert str(stopped.value) == (f"{what} 5 times in a row (update 3): such batches do not fit; lower "
+                                  "--max-tokens (and raise --update-freq to keep the update size)")
+    assert run.progress.oom_skips == 2 + 5 and run.progress.updates == 2 and len(calls) == 9
+    assert f"{what} at update 2: batch skipped (1 so far)" in capsys.readouterr().err
+
+
+def test_resuming_an_averaged_run_without_its_decay_says_the_average_stops(tmp_path, capsys):
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "ck", max_updates=10, ema_decay=0.99).run()
+    capsys.readouterr()
+    run_training(data, tmp_path / "ck", max_updates=12).run()
+    assert "checkpoint_last.pt keeps a weight average (--ema-decay 0.99); this run, without --ema-decay, stops " \
+           "averaging and checkpoint_ema.pt stays at update 10: add --ema-decay 0.99" in capsys.readouterr().err
 
 
 def test_tensorboard_missing_is_a_clear_error(tmp_path, monkeypatch):

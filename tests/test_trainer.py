@@ -2,7 +2,7 @@
 
 import torch
 
-from nmt_cli.config import PRESETS
+from nmt_cli.architecture import PRESETS
 from nmt_cli.model import Transformer
 from nmt_cli.trainer import WeightAverage
 from nmt_cli.vocab import PAD_ID

@@ -1,19 +1,21 @@
 """`nmt translate`: one line out per line in, order kept, long and empty lines, formats, atomic output."""
 
-import io
 import json
+import os
+import select
+import subprocess
+import sys
 
 import pytest
 import torch
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
 
-from nmt_cli import NmtError, kernels
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TranslateConfig
-from nmt_cli.search import Ensemble
-from nmt_cli.translate import Translator, quantize_int8, translate_stream
+from nmt_cli.lines import arriving_chunks
+from nmt_cli.translate import Translator
 
 LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
 
@@ -37,37 +39,6 @@ def test_batched_equals_one_by_one_and_keeps_order(model_path):
     assert len({out for out in batched if out}) >= 3  # outputs depend on the input: the order is checked
     small_batches = translator(model_path, max_tokens=8, batch_size=2).translate_lines(LINES)
     assert small_batches == batched
-
-
-def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, tmp_path, monkeypatch):
-    from nmt_cli import translate
-
-    expected = translator(model_path).translate_lines(LINES)
-    searched, search = [], translate.beam_search
-
-    def short_of_memory(models, src, *args):
-        searched.append(src.size(0))
-        if src.size(0) > 2:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return search(models, src, *args)
-
-    warnings = []
-    halving = translator(model_path, warnings)
-    halving.models = Ensemble(halving.models.models, graphs=True)  # as --cuda-graphs does on a GPU
-    halving.translate_lines(LINES)
-    assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [8]
-    monkeypatch.setattr(translate, "beam_search", short_of_memory)
-    assert halving.translate_lines(LINES) == expected
-    assert searched == [6, 3, 1, 2, 3, 1, 2]  # the 6 non-empty lines, then halves of halves
-    assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [1, 2]  # the 8-slot one was given back
-    assert warnings == ["warning: CUDA out of memory for 6 sentences at once: translating such batches in halves "
-                        "(a smaller --max-tokens avoids the retries)"]
-    monkeypatch.setattr(translate, "beam_search", lambda *args: short_of_memory(*args[:1], args[1].repeat(3, 1)))
-    write_lines(tmp_path / "in.txt", ["a b c"])
-    result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
-    assert result.exit_code == 1 and not (tmp_path / "out.txt").exists()
-    assert result.output.strip().splitlines()[-1] == ("Error: CUDA out of memory translating a single sentence of 3 "
-                                                      "tokens; use a smaller --beam or --device cpu")
 
 
 def test_cuda_graphs_are_refused_without_a_gpu(model_path):
@@ -165,58 +136,38 @@ def test_attention_layer_out_of_range_and_mismatched_ensemble(model_path, tmp_pa
     assert result.exit_code == 1 and "ensemble members must share their vocabularies" in result.output
 
 
-def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
-    fp32, int8 = translator(model_path), translator(model_path, quantize="int8")
-    model = int8.models.models[0]
-    assert not any(type(m) is torch.nn.Linear for m in model.modules())
-    assert isinstance(model.int8_projection, torch.ao.nn.quantized.dynamic.Linear)
-    assert int8.models.projections[0] == model.project  # the search projects in int8 too
-    src = torch.tensor([[5, 6, 7, 8, 2]])
-    tgt = torch.tensor([[1, 9, 10, 11]])
-    with torch.inference_mode():
-        reference = fp32.models.models[0](src, tgt).log_softmax(-1)
-        quantized = model(src, tgt).log_softmax(-1)
-    assert (quantized - reference).abs().max() < 0.1
-    assert not torch.equal(quantized, reference)  # it did change the arithmetic
-    assert len(int8.translate_lines(LINES)) == len(LINES)
+def test_a_co_process_is_answered_line_by_line(model_path):
+    """A program that writes one line to a pipe and waits for its translation gets it (as from
+    fairseq-interactive), and later lines follow; the output is what a file gives."""
+    process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "translate", "-m", str(model_path), "--device",
+                                "cpu", "--threads", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    answers = []
+    try:
+        for line in LINES[:3]:
+            process.stdin.write(line.encode() + b"\n")
+            process.stdin.flush()
+            assert select.select([process.stdout], [], [], 60)[0], f"no answer to {line!r}: the pipe deadlocked"
+            answers.append(process.stdout.readline().decode())
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0 and process.stdout.read() == b""
+    finally:
+        process.kill()
+    assert answers == run("-m", model_path, "--device", "cpu", input="\n".join(LINES[:3]) + "\n").output.splitlines(
+        keepends=True)
 
 
-def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):
-    result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--quantize", "int8", "--device", "cpu",
-                                       "--input-format", "bpe"], input="a b c\nd e\n")
-    assert result.exit_code == 0, result.output
-    assert len(result.output.splitlines()) == 2
-    model = load_bundle(model_path).model
-    for device, dtype in ((torch.device("cuda"), torch.float32), (torch.device("cpu"), torch.bfloat16)):
-        with pytest.raises(NmtError, match="--quantize int8 runs on the CPU in fp32"):
-            quantize_int8(model, device, dtype)
-
-
-def test_quantize_int8_failure_of_torch_is_a_clear_error(model_path, monkeypatch):
-    model = load_bundle(model_path).model
-
-    def unavailable(_model):
-        raise ImportError("No module named 'torch.ao.quantization'")
-
-    monkeypatch.setattr(kernels, "quantize_int8", unavailable)
-    with pytest.raises(NmtError, match=r"--quantize int8: this PyTorch cannot quantize on this CPU \(No module"):
-        quantize_int8(model, torch.device("cpu"), torch.float32)
-
-
-@pytest.mark.parametrize("terminal", [False, True])
-def test_lines_typed_at_a_terminal_are_translated_one_at_a_time(model_path, terminal):
-    class Source(io.BytesIO):
-        def isatty(self) -> bool:
-            return terminal
-
-    model = translator(model_path, input_format="bpe")
-    chunks = []
-    translate_lines = model.translate_lines
-    model.translate_lines = lambda lines, first: chunks.append(len(lines)) or translate_lines(lines, first)
-    out = []
-    assert translate_stream(model, Source(b"a b\nc d\ne\n"), "<stdin>", out.append) == 3
-    assert chunks == ([1, 1, 1] if terminal else [3])
-    assert out == [line + "\n" for line in translate_lines(["a b", "c d", "e"], 1)]
+def test_arriving_chunks_hand_on_what_came_before_a_pause():
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb", buffering=0) as source:
+        chunks = arriving_chunks(source, "<stdin>", size=2, pause=0.05)
+        with os.fdopen(write_fd, "wb", buffering=0) as sink:
+            sink.write(b"a b\n")
+            assert next(chunks) == ["a b"]  # alone: nothing else came
+            sink.write(b"c\nd\ne\nf")  # three lines arrive at once, and the start of a fourth
+            assert next(chunks) == ["c", "d"] and next(chunks) == ["e"]
+            sink.write(b" g\n")
+        assert list(chunks) == [["f g"]]
 
 
 def test_prefixed_lines_start_with_their_prefix(model_path):
@@ -229,9 +180,18 @@ def test_prefixed_lines_start_with_their_prefix(model_path):
     assert out[3].split()[:2] == ["<unk>", "k"]  # an unknown word in a prefix stays where it is
 
 
+def test_a_prefix_the_vocabulary_lacks_is_warned_once_with_its_line(model_path):
+    warnings = []
+    t = translator(model_path, warnings, prefix=True, output_format="bpe")
+    out = t.translate_lines(["a b c\tn o", "p o n\tzzz ü k", "e f\tyyy"], first_number=7)
+    assert out[1].split()[:3] == ["<unk>", "<unk>", "k"]
+    assert warnings == ["warning: line 8: the prefix has 'zzz', 'ü', which the model's vocabulary lacks: forced as "
+                        "<unk> (warned once)"]
+
+
 def test_sampling_from_the_command_line_is_seeded(model_path):
     def sampled(seed):
-        result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--sampling", "--beam", "1",
+        result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--sampling",
                                            "--nbest", "3", "--seed", str(seed), "--format", "jsonl",
                                            "--device", "cpu"], input="a b c\np o n m\n")
         assert result.exit_code == 0, result.output
@@ -240,3 +200,15 @@ def test_sampling_from_the_command_line_is_seeded(model_path):
     first = sampled(1)
     assert first == sampled(1) and len(first) == 2 and all(len(samples) == 3 for samples in first)
     assert first != sampled(2)
+
+
+def test_sampling_without_a_seed_says_the_seed_that_repeats_it(model_path):
+    def sampled(*seed):
+        result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--sampling", "--device", "cpu",
+                                            *seed], input="a b c\np o n m\n")
+        assert result.exit_code == 0, result.output
+        return result.stdout, result.stderr
+
+    out, said = sampled()
+    seed = said.split("sampling with --seed ")[1].split()[0]
+    assert sampled("--seed", seed) == (out, "")

@@ -57,3 +57,12 @@ def test_bad_vocabulary_files_name_file_and_line(tmp_path, text, message):
     (tmp_path / "dict.txt").write_text(text)
     with pytest.raises(VocabularyError, match=message):
         Vocabulary.load(tmp_path / "dict.txt")
+
+
+def test_fillers_are_known_and_never_read_from_text():
+    vocab = Vocabulary.build(Counter({"a": 2, "madeupword0001": 5}), padding_factor=8)
+    assert vocab.tokens[4:] == ["madeupword0001", "a", "madeupword0000", "madeupword0002"]
+    assert vocab.fillers == [6, 7]  # a word of the corpus that looks like one is a word
+    assert vocab.encode(["madeupword0000", "madeupword0001", "a"]) == [UNK_ID, 4, 5]
+    assert Vocabulary(vocab.tokens[4:]).fillers == [6, 7]  # as read back from a checkpoint
+    assert Vocabulary.build(Counter({"a": 1}), padding_factor=1).fillers == []

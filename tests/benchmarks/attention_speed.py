@@ -17,7 +17,7 @@ import torch
 
 import nmt_cli.model as model_module
 from nmt_cli import kernels
-from nmt_cli.config import PRESETS
+from nmt_cli.architecture import PRESETS
 from nmt_cli.device import select
 
 

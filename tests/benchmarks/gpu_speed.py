@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from common import HostWaits
 
-from nmt_cli.config import PRESETS, ModelConfig, TrainConfig
+from nmt_cli.architecture import PRESETS, ModelConfig
+from nmt_cli.config import TrainConfig
 from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, Prefetcher, token_batches
 from nmt_cli.model import Transformer, positional_encoding
 from nmt_cli.trainer import Runtime, Trainer, set_up_runtime

@@ -98,7 +98,7 @@ def main() -> None:
     growing = translator.models
     seconds, outputs = translate(translator, sources)
     operations = operations_per_step(translator, sources)
-    translator.models = search.Ensemble(growing.models, graphs=True)
+    translator.models = translator.generator.models = search.Ensemble(growing.models, graphs=True)
     graph_seconds, graph_outputs = translate(translator, sources)
     result = {"benchmark": "graph_check", "model": str(args.model), "sentences": len(lines), "device": str(device),
               "dtype": str(dtype).removeprefix("torch."), "replayed": args.replayed,

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from nmt_cli import kernels
-from nmt_cli.config import PRESETS, TrainConfig
+from nmt_cli.architecture import PRESETS
+from nmt_cli.config import TrainConfig
 from nmt_cli.data import shuffled
 from nmt_cli.train import TrainingRun
 

@@ -51,7 +51,7 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
 def untrained(model: Path, arch: str, path: Path) -> Path:
     """A checkpoint of an untrained `arch` model with the vocabulary and text settings of `model`."""
     from nmt_cli import checkpoint
-    from nmt_cli.config import PRESETS
+    from nmt_cli.architecture import PRESETS
     from nmt_cli.model import Transformer
     from nmt_cli.vocab import PAD_ID
 

@@ -2,9 +2,8 @@
 
 import pytest
 
-from nmt_cli.config import PRESETS, ModelConfig
+from nmt_cli.architecture import PRESETS, TABLE3, ModelConfig, paper_row
 from nmt_cli.model import Transformer
-from nmt_cli.table3 import TABLE3, paper_row
 
 
 def built_params(config: ModelConfig, vocab: int) -> int:

@@ -1,0 +1,77 @@
+"""An option: a dataclass field with its default, help, range and the settings it applies to
+(`knob`), and the one check of a value against them (`knob_problem`), whichever way the value
+came: a flag (flags.py), a request (serve.py), a saved config, the Python API."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Collection
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+INT_MAX = 2**31 - 1  # the ceiling of every integer option without a lower one of its own
+
+
+def knob(default: Any, help: str, **flag: Any) -> Any:
+    """A config field with its command-line help and flag details: range (`min`, `max`, both
+    inclusive unless `exclusive_min`/`exclusive_max`; integers stop at INT_MAX unless `max` says,
+    floats must be finite), `choices`, `only_if` (a predicate on the config and the words that
+    say when the field applies: setting it otherwise is refused), `flags` (the names, when not
+    `--field-name`), `negation` (the off-switch of a flag that is on by default), `path`
+    (click.Path's checks). MISSING: required."""
+    return field(default=default, metadata={"help": help, **flag})
+
+
+def knob_problem(value: Any, meta: Any) -> str | None:
+    """What is wrong with `value` for a field with metadata `meta` (None: nothing)."""
+    if "choices" in meta and value is not None and value not in meta["choices"]:
+        return f"expected one of {', '.join(map(str, meta['choices']))}"
+    if value is None or isinstance(value, (bool, Path, str)) or dataclasses.is_dataclass(value):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    low, high = meta.get("min"), meta.get("max", INT_MAX if isinstance(value, int) else None)
+    if low is not None and (value <= low if meta.get("exclusive_min") else value < low):
+        return f"must be {'>' if meta.get('exclusive_min') else '>='} {low}"
+    if high is not None and (value >= high if meta.get("exclusive_max") else value > high):
+        return f"must be {'<' if meta.get('exclusive_max') else '<='} {high}"
+    return None
+
+
+def check_knobs(config: Any) -> None:
+    """Validate every field of a config dataclass against its range and choices."""
+    for f in dataclasses.fields(config):
+        values = getattr(config, f.name)
+        for value in values if isinstance(values, tuple) else (values,):
+            if (problem := knob_problem(value, f.metadata)) is not None:
+                raise ValueError(f"{f.name}={value!r}: {problem}")
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    """The command-line name of a config field: `d_ff` -> `--d-ff`, its long flag, or both
+    names of an on/off flag."""
+    name = f.metadata.get("flags", ["--" + f.name.replace("_", "-")])[-1]
+    return f"{name}/{f.metadata['negation']}" if "negation" in f.metadata else name
+
+
+def check_applies(config: Any, given: Collection[str], name: Callable[[dataclasses.Field], str] = flag_name) -> None:
+    """Refuse a field that was `given` (set by the user) where it would be ignored: its
+    `only_if` predicate is false for `config` (`--beam` with `--sampling`, say)."""
+    for f in dataclasses.fields(config):
+        if f.name in given and "only_if" in f.metadata:
+            applies, when = f.metadata["only_if"]
+            if not applies(config):
+                raise ValueError(f"{name(f)} applies only {when}")
+
+
+class Options:
+    """The base of the config dataclasses: every field is checked when one is made, and
+    `to_dict` is what checkpoints and data directories keep."""
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

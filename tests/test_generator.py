@@ -1,0 +1,87 @@
+"""The generator: ids in, hypotheses out; a batch the device has no memory for is searched in
+halves; int8 quantization on the CPU."""
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import tiny_checkpoint, write_lines
+from test_translate import LINES, run, translator
+
+from nmt_cli import NmtError, generator, kernels
+from nmt_cli.checkpoint import load_bundle
+from nmt_cli.cli import main
+from nmt_cli.generator import quantize_int8
+from nmt_cli.search import Ensemble
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    return tiny_checkpoint(tmp_path / "m.pt", seed=3)
+
+
+def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, tmp_path, monkeypatch):
+    expected = translator(model_path).translate_lines(LINES)
+    searched, search = [], generator.beam_search
+
+    def short_of_memory(models, src, *args):
+        searched.append(src.size(0))
+        if src.size(0) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return search(models, src, *args)
+
+    warnings = []
+    halving = translator(model_path, warnings)
+    halving.generator.models = Ensemble(halving.models.models, graphs=True)  # as --cuda-graphs does on a GPU
+    halving.models = halving.generator.models
+    halving.translate_lines(LINES)
+    assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [8]
+    monkeypatch.setattr(generator, "beam_search", short_of_memory)
+    assert halving.translate_lines(LINES) == expected
+    assert searched == [6, 3, 1, 2, 3, 1, 2]  # the 6 non-empty lines, then halves of halves
+    assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [1, 2]  # the 8-slot one was given back
+    assert warnings == ["warning: CUDA out of memory for 6 sentences at once: translating such batches in halves "
+                        "(a smaller --max-tokens avoids the retries)"]
+    monkeypatch.setattr(generator, "beam_search", lambda *args: short_of_memory(*args[:1], args[1].repeat(3, 1)))
+    write_lines(tmp_path / "in.txt", ["a b c"])
+    result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
+    assert result.exit_code == 1 and not (tmp_path / "out.txt").exists()
+    assert result.output.strip().splitlines()[-1] == ("Error: CUDA out of memory translating a single sentence of 3 "
+                                                      "tokens; use a smaller --beam or --device cpu")
+
+
+def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
+    fp32, int8 = translator(model_path), translator(model_path, quantize="int8")
+    model = int8.models.models[0]
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert isinstance(model.int8_projection, torch.ao.nn.quantized.dynamic.Linear)
+    assert int8.models.projections[0] == model.project  # the search projects in int8 too
+    src = torch.tensor([[5, 6, 7, 8, 2]])
+    tgt = torch.tensor([[1, 9, 10, 11]])
+    with torch.inference_mode():
+        reference = fp32.models.models[0](src, tgt).log_softmax(-1)
+        quantized = model(src, tgt).log_softmax(-1)
+    assert (quantized - reference).abs().max() < 0.1
+    assert not torch.equal(quantized, reference)  # it did change the arithmetic
+    assert len(int8.translate_lines(LINES)) == len(LINES)
+
+
+def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):
+    result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--quantize", "int8", "--device", "cpu",
+                                       "--input-format", "bpe"], input="a b c\nd e\n")
+    assert result.exit_code == 0, result.output
+    assert len(result.output.splitlines()) == 2
+    model = load_bundle(model_path).model
+    for device, dtype in ((torch.device("cuda"), torch.float32), (torch.device("cpu"), torch.bfloat16)):
+        with pytest.raises(NmtError, match="--quantize int8 runs on the CPU in fp32"):
+            quantize_int8(model, device, dtype)
+
+
+def test_quantize_int8_failure_of_torch_is_a_clear_error(model_path, monkeypatch):
+    model = load_bundle(model_path).model
+
+    def unavailable(_model):
+        raise ImportError("No module named 'torch.ao.quantization'")
+
+    monkeypatch.setattr(kernels, "quantize_int8", unavailable)
+    with pytest.raises(NmtError, match=r"--quantize int8: this PyTorch cannot quantize on this CPU \(No module"):
+        quantize_int8(model, torch.device("cpu"), torch.float32)
