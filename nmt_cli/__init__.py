@@ -1,8 +1,18 @@
-"""nmt-cli: the Transformer of "Attention Is All You Need", as a command-line toolkit."""
+"""nmt-cli: the Transformer of "Attention Is All You Need", as a command-line toolkit and a
+Python API (`from nmt_cli import Translator`)."""
 
-__version__ = "0.1.0"
+from typing import Any
+
+from nmt_cli.errors import NmtError
+from nmt_cli.version import __version__
+
+__all__ = ["NmtError", "Translator", "__version__"]
 
 
-class NmtError(Exception):
-    """A problem with the user's input or files. The message is the whole story (file, line,
-    cause); the command line prints it on one line, without a traceback."""
+def __getattr__(name: str) -> Any:
+    """`Translator` is imported when first asked for: `nmt --help` and `nmt preprocess` never load torch."""
+    if name == "Translator":
+        from nmt_cli.translator import Translator
+
+        return Translator
+    raise AttributeError(f"module 'nmt_cli' has no attribute {name!r}")

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from tqdm import tqdm
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 
 Pair = tuple[str, str]
 

@@ -3,15 +3,19 @@
 A checkpoint is a dict of plain types and tensors only, so `torch.load(weights_only=True)` reads
 it: the model and training configs, the tokenizer settings, the BPE codes, the vocabularies, the
 parameters, and (for training checkpoints) optimizer, scaler, progress and RNG states. With it,
-`nmt translate -m CKPT` needs nothing else.
+`nmt translate -m CKPT` needs nothing else. The same description and weights can be a
+safetensors file (memory-mapped, readable from any language; `nmt export --format safetensors`).
+Each is checked on load, and one written by an earlier format version is migrated. Averaging
+checkpoints (§6.1) lives here too; a training run's save directory is savedir.py's.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import pickle
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +24,15 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from nmt_cli import NmtError, __version__
 from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import TextConfig
-from nmt_cli.files import reason, replacing
+from nmt_cli.errors import NmtError
+from nmt_cli.files import reason, remove_stale_temporaries, replacing
 from nmt_cli.model import Transformer
+from nmt_cli.version import __version__
 from nmt_cli.vocab import PAD_ID, SPECIALS, Vocabulary
 
-FORMAT_VERSION = 1
-NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
+FORMAT_VERSION = 2
 
 
 @dataclass
@@ -102,15 +106,6 @@ class _Recording:
         self.f.flush()
 
 
-def link(source: Path, target: Path) -> None:
-    """Make `target` the same file as `source` (hard link, or copy), atomically."""
-    with replacing(target, "checkpoint") as tmp:
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-
-
 def _refusal(error: Exception) -> str:
     """What PyTorch's safe loader refused, without its advice to load the file unsafely."""
     match = re.search(r"(?i)unsupported[^\n]*?(GLOBAL \S+|operand \S+)", str(error))
@@ -129,17 +124,31 @@ def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise NmtError(f"{path}: no such checkpoint")
     if path.suffix == ".safetensors":
-        from nmt_cli.export import load_safetensors
-
         checkpoint = load_safetensors(path)
     else:
         checkpoint = _torch_load(path)
     if not isinstance(checkpoint, dict) or "format_version" not in checkpoint:
         raise NmtError(f"{path}: not an nmt-cli checkpoint")
-    if checkpoint["format_version"] != FORMAT_VERSION:
-        raise NmtError(f"{path}: checkpoint format version {checkpoint['format_version']}, this nmt-cli "
-                       f"{__version__} reads version {FORMAT_VERSION}")
+    version = checkpoint["format_version"]
+    if version not in MIGRATIONS and version != FORMAT_VERSION:
+        raise NmtError(f"{path}: checkpoint format version {version}, this nmt-cli {__version__} reads versions "
+                       f"{', '.join(map(str, [*MIGRATIONS, FORMAT_VERSION]))}")
+    while checkpoint["format_version"] != FORMAT_VERSION:
+        checkpoint = MIGRATIONS[checkpoint["format_version"]](checkpoint)
     return checkpoint
+
+
+def _projection_named(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: the pre-softmax projection became a module of its own (tied to the target
+    embedding, §3.4), so its weight has a name in the weights."""
+    weights = checkpoint.get("model")
+    if isinstance(weights, dict) and "tgt_embed.tokens.weight" in weights:
+        weights = {**weights, "output_projection.weight": weights["tgt_embed.tokens.weight"]}
+    return {**checkpoint, "model": weights, "format_version": 2}
+
+
+# Each earlier format version's step to the next one, applied in turn on load.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _projection_named}
 
 
 def _torch_load(path: Path) -> Any:
@@ -228,22 +237,11 @@ def load_bundle(path: Path) -> ModelBundle:
     checkpoint = _read(Path(path))
     model = checked_model(checkpoint, path)
     model.load_state_dict(checkpoint["model"], assign=True)
+    model.tie_weights()  # assigned, the projection's weight is a tensor of its own: the embedding's again
     src_vocab = Vocabulary(checkpoint["src_vocab"][4:])
     tgt_vocab = src_vocab if checkpoint["shared_vocab"] else Vocabulary(checkpoint["tgt_vocab"][4:])
     return ModelBundle(model.eval(), TextConfig.from_dict(checkpoint["text_config"]), checkpoint["bpe_codes"],
                        src_vocab, tgt_vocab, checkpoint.get("sentencepiece"))
-
-
-def numbered(save_dir: Path) -> list[tuple[int, Path]]:
-    """`checkpoint_N.pt` files of a save directory, by update number N."""
-    found = [(int(m.group(1)), p) for p in Path(save_dir).glob("checkpoint_*.pt") if (m := NUMBERED.search(p.name))]
-    return sorted(found)
-
-
-def prune(save_dir: Path, keep_last: int) -> None:
-    """Remove numbered checkpoints beyond the newest `keep_last`."""
-    for _, path in numbered(save_dir)[:-keep_last] if keep_last > 0 else []:
-        path.unlink(missing_ok=True)
 
 
 def average(paths: list[Path]) -> dict[str, Any]:
@@ -285,9 +283,58 @@ def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "nothing"
 
 
-def last_checkpoints(save_dir: Path, n: int) -> list[Path]:
-    """The `n` numbered checkpoints of `save_dir` with the highest update numbers."""
-    found = numbered(save_dir)
-    if len(found) < n:
-        raise NmtError(f"{save_dir}: {len(found)} numbered checkpoint(s) found, fewer than --last {n}")
-    return [path for _, path in found[-n:]]
+def _safetensors() -> Any:
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise NmtError("safetensors files need the safetensors package: pip install 'nmt-cli[export]' "
+                       "(or pip install safetensors)") from None
+    return safetensors
+
+
+def save_safetensors(checkpoint: dict[str, Any], path: Path) -> None:
+    """The checkpoint's weights and description (JSON metadata); a tensor tied to another one
+    (3-way tying) is stored once and named as an alias."""
+    serialize = _safetensors().torch.save
+
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, tuple[int, ...]], str] = {}
+    for name, tensor in checkpoint["model"].items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))  # the same tensor under two names
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key], tensors[name] = name, tensor.contiguous()
+    description = {key: checkpoint.get(key) for key in DESCRIPTION}
+    if description["sentencepiece"] is not None:
+        description["sentencepiece"] = base64.b64encode(description["sentencepiece"]).decode("ascii")
+    metadata = {"nmt_cli": json.dumps(description, ensure_ascii=False), "aliases": json.dumps(aliases)}
+    data = serialize(tensors, metadata=metadata)  # written by us: the usual file mode, errors as OSError
+    remove_stale_temporaries(path.parent)  # those of an export that was killed
+    with replacing(path, "safetensors file") as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_safetensors(path: Path) -> dict[str, Any]:
+    """A checkpoint dict (description and weights) from a file `save_safetensors` wrote."""
+    safetensors = _safetensors()
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+    except (safetensors.SafetensorError, OSError) as e:
+        raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
+    if "nmt_cli" not in metadata:
+        raise NmtError(f"{path}: a safetensors file without nmt-cli's description (export it with `nmt export`)")
+    try:
+        checkpoint = json.loads(metadata["nmt_cli"])
+        for name, original in json.loads(metadata.get("aliases", "{}")).items():
+            weights[name] = weights[original]
+        if checkpoint.get("sentencepiece") is not None:
+            checkpoint["sentencepiece"] = base64.b64decode(checkpoint["sentencepiece"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise NmtError(f"{path}: nmt-cli's description in it is damaged ({type(e).__name__}: {e})") from None
+    return {**checkpoint, "model": weights}  # load checks the format version

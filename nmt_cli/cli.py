@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from nmt_cli import NmtError, __version__
 from nmt_cli.config import PreprocessConfig, SearchConfig, ServeConfig, TextConfig, TrainConfig, TranslateConfig
+from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
 from nmt_cli.options import flag_name
+from nmt_cli.version import __version__
 
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")  # CT2's
 
@@ -172,7 +173,8 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
 def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: Path | None, last: int,
                         output: Path) -> None:
     """Average the parameters of checkpoints (§6.1)."""
-    from nmt_cli.checkpoint import average, last_checkpoints, save
+    from nmt_cli.checkpoint import average, save
+    from nmt_cli.savedir import last_checkpoints
 
     if bool(checkpoints) == bool(save_dir):
         raise click.UsageError("give either --inputs A.pt B.pt ... or --dir SAVE_DIR [--last N]")
@@ -207,6 +209,10 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
 
     search = build(SearchConfig, **fields_of(SearchConfig, options))
     config = build(TranslateConfig, search=search, **options)
+    searching = sorted(given_flags() & set(SearchConfig.__dataclass_fields__) - {"lenpen"})
+    if config.score_reference and searching:
+        raise click.UsageError(f"{flag_name(SearchConfig.__dataclass_fields__[searching[0]])} applies only to "
+                               "translation, not with --score-reference (--lenpen sets its scores' penalty)")
     if config.attention_plot is not None:
         from nmt_cli.plot import pyplot
 
@@ -227,8 +233,8 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
     """Export a checkpoint to CTranslate2 or safetensors.
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
-    from nmt_cli.checkpoint import load, load_bundle
-    from nmt_cli.export import save_ctranslate2, save_safetensors
+    from nmt_cli.checkpoint import load, load_bundle, save_safetensors
+    from nmt_cli.export import save_ctranslate2
 
     if fmt == "safetensors":
         if "quantization" in given_flags():

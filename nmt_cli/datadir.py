@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from nmt_cli import NmtError
 from nmt_cli.config import TextConfig
 from nmt_cli.data import ParallelData
+from nmt_cli.errors import NmtError
 from nmt_cli.files import MARKER
 from nmt_cli.vocab import Vocabulary
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 from nmt_cli.kernels import keep_freed_memory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

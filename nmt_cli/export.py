@@ -1,93 +1,27 @@
-"""`nmt export`: a checkpoint for use outside nmt-cli.
-
-- `ctranslate2`: a CTranslate2 model directory (the field's production inference engine: CPU
-  int8, GPU float16, C++ and Python APIs) with the same weights, every architecture nmt-cli
-  trains (post- and pre-norm, sinusoidal and learned positions, joint and separate
-  vocabularies); beside it the BPE codes or SentencePiece model and `nmt-cli.json`, which says
-  how to turn text into the model's tokens and back.
-- `safetensors`: the weights as a safetensors file (memory-mapped, readable from any language),
-  with the checkpoint's description (configs, vocabularies, BPE codes) as JSON in its metadata;
-  `nmt translate -m FILE.safetensors` reads it.
+"""`nmt export --format ctranslate2`: a checkpoint for use outside nmt-cli, as a CTranslate2 model
+directory (the field's production inference engine: CPU int8, GPU float16, C++ and Python APIs)
+with the same weights, every architecture nmt-cli trains (post- and pre-norm, sinusoidal and
+learned positions, joint and separate vocabularies); beside it the BPE codes or SentencePiece
+model and `nmt-cli.json`, which says how to turn text into the model's tokens and back. (A
+safetensors file is a checkpoint format: checkpoint.py.)
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nmt_cli import NmtError
-from nmt_cli.checkpoint import DESCRIPTION, ModelBundle
+from nmt_cli.checkpoint import ModelBundle
 from nmt_cli.config import SearchConfig
-from nmt_cli.files import publish_directory, reason, remove_stale_temporaries, replacing, temporary_directory
+from nmt_cli.errors import NmtError
+from nmt_cli.files import write_directory
 from nmt_cli.model import MultiHeadAttention, Transformer
 
-# ---------------------------------------------------------------------------- safetensors
-
-def _safetensors() -> Any:
-    try:
-        import safetensors.torch
-    except ImportError:
-        raise NmtError("safetensors files need the safetensors package: pip install 'nmt-cli[export]' "
-                       "(or pip install safetensors)") from None
-    return safetensors
-
-
-def save_safetensors(checkpoint: dict[str, Any], path: Path) -> None:
-    """The checkpoint's weights and description (JSON metadata); a tensor tied to another one
-    (3-way tying) is stored once and named as an alias."""
-    serialize = _safetensors().torch.save
-
-    tensors: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    seen: dict[tuple[int, tuple[int, ...]], str] = {}
-    for name, tensor in checkpoint["model"].items():
-        key = (tensor.data_ptr(), tuple(tensor.shape))  # the same tensor under two names
-        if key in seen:
-            aliases[name] = seen[key]
-        else:
-            seen[key], tensors[name] = name, tensor.contiguous()
-    description = {key: checkpoint.get(key) for key in DESCRIPTION}
-    if description["sentencepiece"] is not None:
-        description["sentencepiece"] = base64.b64encode(description["sentencepiece"]).decode("ascii")
-    metadata = {"nmt_cli": json.dumps(description, ensure_ascii=False), "aliases": json.dumps(aliases)}
-    data = serialize(tensors, metadata=metadata)  # written by us: the usual file mode, errors as OSError
-    remove_stale_temporaries(path.parent)  # those of an export that was killed
-    with replacing(path, "safetensors file") as tmp, open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def load_safetensors(path: Path) -> dict[str, Any]:
-    """A checkpoint dict (description and weights) from a file `save_safetensors` wrote."""
-    safetensors = _safetensors()
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-            weights = {name: f.get_tensor(name) for name in f.keys()}
-    except (safetensors.SafetensorError, OSError) as e:
-        raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
-    if "nmt_cli" not in metadata:
-        raise NmtError(f"{path}: a safetensors file without nmt-cli's description (export it with `nmt export`)")
-    try:
-        checkpoint = json.loads(metadata["nmt_cli"])
-        for name, original in json.loads(metadata.get("aliases", "{}")).items():
-            weights[name] = weights[original]
-        if checkpoint.get("sentencepiece") is not None:
-            checkpoint["sentencepiece"] = base64.b64decode(checkpoint["sentencepiece"])
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise NmtError(f"{path}: nmt-cli's description in it is damaged ({type(e).__name__}: {e})") from None
-    return {**checkpoint, "model": weights}  # checkpoint.load checks the format version
-
-
-# ---------------------------------------------------------------------------- CTranslate2
 
 def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = None) -> None:
     """A CTranslate2 model directory of `bundle`, with the text pipeline's files beside it."""
@@ -148,24 +82,9 @@ def _check_destination(out: Path) -> None:
 
 
 def _write_directory(out: Path, write: Callable[[Path], None]) -> None:
-    """`write` a temporary directory beside `out`, then rename it to `out` (replacing an earlier
-    export): a failed or interrupted export leaves `out` as it was."""
+    """`write` the export where it replaces only an earlier export (files.write_directory)."""
     out = Path(os.path.abspath(out))  # `-o .` has no name to put a temporary beside
-    _check_destination(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out.parent)
-        tmp = temporary_directory(out)
-    except OSError as e:
-        raise NmtError(f"{out.parent}: cannot write there ({reason(e)})") from None
-    try:
-        write(tmp)
-        _check_destination(out)  # again: another program may have written there meanwhile
-        publish_directory(tmp, out)
-    except OSError as e:
-        raise NmtError(f"{out}: cannot write the model directory ({reason(e)}); nothing was written") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    write_directory(out, "model directory", write, lambda: _check_destination(out))
 
 
 def _array(tensor: torch.Tensor) -> Any:

@@ -22,14 +22,16 @@ import secrets
 import shutil
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 
 HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.nmt-tmp-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-[0-9a-f]{16}$")
 MARKER = ".nmt-temporary"  # inside a temporary directory: proof that nmt made it
+T = TypeVar("T")
 
 
 def temporary(path: Path) -> Path:
@@ -75,7 +77,30 @@ def temporary_directory(path: Path) -> Path:
     return tmp
 
 
-def publish_directory(tmp: Path, path: Path) -> None:
+def write_directory(path: Path, what: str, write: Callable[[Path], T], check: Callable[[], None]) -> T:
+    """`write` a marked temporary directory beside `path`, then rename it to `path`: a failed or
+    interrupted write leaves `path` as it was. `check` refuses a destination that may not be
+    replaced (a user's files); it runs before, and again just before the rename (another program
+    may have written there meanwhile). An OSError is a one-line NmtError naming `what`."""
+    check()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path.parent)
+        tmp = temporary_directory(path)
+    except OSError as e:
+        raise NmtError(f"{path.parent}: cannot write there ({reason(e)})") from None
+    try:
+        result = write(tmp)
+        check()
+        _publish_directory(tmp, path)
+        return result
+    except OSError as e:
+        raise NmtError(f"{path}: cannot write the {what} ({reason(e)}); nothing was written") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish_directory(tmp: Path, path: Path) -> None:
     """Rename the finished temporary directory `tmp` to `path`, replacing what is there."""
     (tmp / MARKER).unlink()
     old = None

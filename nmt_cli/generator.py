@@ -1,10 +1,13 @@
-"""Token ids in, hypotheses out: one model or an ensemble on a device, searching batches of
-sources grouped by length within a token budget (search.py's beam search or sampling). A batch
-the device has no memory for is searched in halves (warned once). `nmt translate`, `nmt serve`,
-validation and the Python API all search through a Generator; text is translate.py's business."""
+"""Token ids in, hypotheses (or scores) out: one model or an ensemble on a device, with its fast
+paths, searching batches of sources grouped by length within a token budget (search.py's beam
+search or sampling), or scoring given targets. A batch the device has no memory for is run in
+halves (warned once). `nmt translate`, `nmt serve`, validation and the Python API all run
+through a Generator; text is pipeline.py's business."""
 
 from __future__ import annotations
 
+import functools
+import math
 import secrets
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -12,13 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from nmt_cli import NmtError, kernels
+from nmt_cli import kernels
 from nmt_cli.config import SearchConfig
 from nmt_cli.data import pad
 from nmt_cli.device import out_of_memory
+from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, Hypothesis, beam_search, sample
-from nmt_cli.vocab import EOS_ID
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 class Generator:
@@ -33,7 +37,7 @@ class Generator:
                  warn: Callable[[str], None] = print) -> None:
         if graphs and device.type != "cuda":
             raise NmtError(f"--cuda-graphs needs a CUDA device, not {device.type}")
-        models = [model.to(device=device, dtype=dtype) for model in models]
+        models = [kernels.use_fast_paths(model.to(device=device, dtype=dtype)) for model in models]
         if quantize == "int8":
             for model in models:
                 quantize_int8(model, device, dtype)
@@ -45,34 +49,53 @@ class Generator:
             self.rng.manual_seed(seed)
         self.halved = False  # a batch was split after running out of memory (warned once)
 
-    def search(self, sources: list[list[int]], config: SearchConfig,
-               prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    def search(self, sources: list[list[int]], config: SearchConfig, prefixes: list[list[int]] | None = None,
+               reseed: bool = False) -> list[list[Hypothesis]]:
         """The hypotheses of each source (an empty source has none), each output starting with its
-        prefix when given, in the order of `sources`."""
+        prefix when given, in the order of `sources`. Samples continue the random stream seeded
+        at construction, or with `reseed`, start one from `config.seed`."""
+        if reseed and config.seed is not None:
+            self.seed = config.seed
+            self.rng.manual_seed(config.seed)
         if config.sampling and self.seed is None:
             self.seed = secrets.randbelow(2**31)
             self.rng.manual_seed(self.seed)
             self.warn(f"sampling with --seed {self.seed} (the same seed, input and batch options repeat these samples)")
+        widths = [len(s) + 1 for s in sources]
+        order = sorted((i for i, s in enumerate(sources) if s), key=widths.__getitem__)
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
-        for batch in batches(order, sources, self.max_tokens, self.batch_size):
-            for i, hyps in zip(batch, self._fitting(batch, sources, prefixes, config)):
+        for batch in batches(order, widths, self.max_tokens, self.batch_size):
+            run = functools.partial(self._search, sources=sources, prefixes=prefixes, config=config)
+            for i, hyps in zip(batch, self._fitting(batch, run, lambda i: f"a single sentence of {widths[i] - 1} "
+                                                                          "tokens")):
                 results[i] = hyps
         return results
 
-    def _fitting(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
-                 config: SearchConfig) -> list[list[Hypothesis]]:
-        """The hypotheses of `batch`; where the device runs out of memory, those of its two halves."""
+    @torch.inference_mode()
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        """Each target token's log-probability (</s> last) given its source and the tokens before
+        it; an ensemble averages the models' probabilities, as the search does."""
+        widths = [max(len(s), len(t)) + 1 for s, t in zip(sources, targets)]
+        order = sorted(range(len(sources)), key=widths.__getitem__)
+        results: list[list[float]] = [[] for _ in sources]
+        for batch in batches(order, widths, self.max_tokens, self.batch_size):
+            run = functools.partial(self._score, sources=sources, targets=targets)
+            for i, scores in zip(batch, self._fitting(batch, run, lambda i: f"a single pair of {widths[i]} tokens")):
+                results[i] = scores
+        return results
+
+    def _fitting(self, batch: list[int], run: Callable[[list[int]], list], single: Callable[[int], str]) -> list:
+        """`run(batch)`; where the device runs out of memory, that of its two halves."""
         try:
-            return self._batch(batch, sources, prefixes, config)
+            return run(batch)
         except RuntimeError as e:  # CUDA's OutOfMemoryError is one
             if not out_of_memory(e):
                 raise
             cuda = isinstance(e, torch.cuda.OutOfMemoryError)
             what = "CUDA out of memory" if cuda else "out of memory"
             if len(batch) == 1:
-                raise NmtError(f"{what} translating a single sentence of {len(sources[batch[0]])} tokens; use a "
-                               f"smaller --beam{' or --device cpu' if cuda else ''}") from None
+                raise NmtError(f"{what} translating {single(batch[0])}; use a smaller --beam"
+                               f"{' or --device cpu' if cuda else ''}") from None
         self.models.release_graphs()  # their padded caches are the largest buffers kept
         if cuda:
             torch.cuda.empty_cache()
@@ -81,27 +104,40 @@ class Generator:
                       "in halves (a smaller --max-tokens avoids the retries)")
             self.halved = True
         half = len(batch) // 2
-        return [hyps for part in (batch[:half], batch[half:])
-                for hyps in self._fitting(part, sources, prefixes, config)]
+        return self._fitting(batch[:half], run, single) + self._fitting(batch[half:], run, single)
 
-    def _batch(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
-               config: SearchConfig) -> list[list[Hypothesis]]:
-        src = pad([np.array(sources[i] + [EOS_ID]) for i in batch]).to(self.device)
+    def _search(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
+                config: SearchConfig) -> list[list[Hypothesis]]:
+        src = self._padded([sources[i] + [EOS_ID] for i in batch])
         forced = None
         if prefixes is not None and any(prefixes[i] for i in batch):
-            forced = pad([np.array(prefixes[i], dtype=np.int64) for i in batch], value=-1).to(self.device)
+            forced = self._padded([prefixes[i] for i in batch], value=-1)
         if config.sampling:
             return sample(self.models, src, config, self.rng, forced)
         return beam_search(self.models, src, config, forced)
 
+    def _score(self, batch: list[int], sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        src = self._padded([sources[i] + [EOS_ID] for i in batch])
+        tgt_in = self._padded([[BOS_ID] + targets[i] for i in batch])
+        tgt_out = self._padded([targets[i] + [EOS_ID] for i in batch]).unsqueeze(-1)
+        token_log_probs = []
+        for model in self.models.models:  # log p = logit - logsumexp: no (tokens, vocab) log-probabilities
+            logits = model(src, tgt_in).float()
+            token_log_probs.append((logits.gather(-1, tgt_out) - logits.logsumexp(-1, keepdim=True)).squeeze(-1))
+        n = len(token_log_probs)
+        log_probs = token_log_probs[0] if n == 1 else torch.logsumexp(torch.stack(token_log_probs), 0) - math.log(n)
+        return [row[:len(targets[i]) + 1] for row, i in zip(log_probs.tolist(), batch)]
 
-def batches(order: list[int], sources: list[list[int]], max_tokens: int, batch_size: int | None) -> Iterator[list[int]]:
-    """Consecutive runs of the length-sorted `order` within `max_tokens` (padded) and `batch_size`."""
+    def _padded(self, rows: list[list[int]], value: int = PAD_ID) -> torch.Tensor:
+        return pad([np.array(row, dtype=np.int64) for row in rows], value=value).to(self.device)
+
+
+def batches(order: list[int], widths: list[int], max_tokens: int, batch_size: int | None) -> Iterator[list[int]]:
+    """Consecutive runs of the width-sorted `order` within `max_tokens` (padded) and `batch_size`."""
     batch: list[int] = []
     for i in order:
-        width = len(sources[i]) + 1
         too_many = batch_size is not None and len(batch) >= batch_size
-        if batch and (too_many or (len(batch) + 1) * width > max_tokens):
+        if batch and (too_many or (len(batch) + 1) * widths[i] > max_tokens):
             yield batch
             batch = []
         batch.append(i)

@@ -12,14 +12,13 @@ an emulation of a graph's replay, with the search on growing caches).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from nmt_cli.model import Transformer
+from nmt_cli.decoding import start, step_output
+from nmt_cli.model import Transformer
 
 
 def capture(step: Callable[[], Tensor], device: torch.device) -> Callable[[], Tensor]:
@@ -58,36 +57,37 @@ _POOLS: dict[torch.device, tuple[int, int]] = {}
 
 class StaticCache:
     """A decoder layer's self-attention keys and values in buffers of a fixed shape (rows,
-    heads, length, d), so that a step's kernels are the same at every step: it writes its keys
-    and values at `position` (a device tensor) and attends over every position, later ones
-    masked. Taking the search's rows copies into the other of two buffers (`parity`)."""
+    heads, length, d), so that a step's kernels are the same at every step (a model.KeyValueCache):
+    it writes its keys and values at `position` (a device tensor) and attends over every position,
+    later ones masked. Taking the search's `rows` (a device tensor too) copies into the other of
+    two buffers (`parity`)."""
 
-    def __init__(self, rows: int, heads: int, length: int, d_k: int, d_v: int, position: Tensor,
+    def __init__(self, rows: Tensor, heads: int, length: int, d_k: int, d_v: int, position: Tensor,
                  dtype: torch.dtype) -> None:
         def buffers() -> tuple[Tensor, Tensor]:
-            return (torch.zeros(rows, heads, length, d_k, dtype=dtype, device=position.device),
-                    torch.zeros(rows, heads, length, d_v, dtype=dtype, device=position.device))
+            return (torch.zeros(rows.size(0), heads, length, d_k, dtype=dtype, device=position.device),
+                    torch.zeros(rows.size(0), heads, length, d_v, dtype=dtype, device=position.device))
 
         self.buffers = (buffers(), buffers())
-        self.position, self.parity = position, 0
+        self.rows, self.position, self.parity = rows, position, 0
         self.positions = torch.arange(length, device=position.device)
 
-    def extend(self, k: Tensor, v: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Keys and values of every position of the buffers (rows `rows` of the last step's, then
-        this step's), and the mask (1, 1, 1, length) of the positions so far."""
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Keys and values of every position of the buffers (the search's rows of the last step's,
+        then this step's), and the mask (1, 1, 1, length) of the positions so far."""
         read, write = self.buffers[self.parity], self.buffers[1 - self.parity]
         for past, out, new in zip(read, write, (k, v)):
-            torch.index_select(past, 0, rows, out=out)
+            torch.index_select(past, 0, self.rows, out=out)
             out.index_copy_(2, self.position, new)
         return write[0], write[1], (self.positions <= self.position).view(1, 1, 1, -1)
 
 
 class StaticDecoder:
-    """A model's search step (`Transformer.step_output`) over tensors of fixed shape, replayed by
+    """A model's search step (`decoding.step_output`) over tensors of fixed shape, replayed by
     `capture`: `sentences` slots of `beam` decoder rows each, sources padded to `src_len` keys,
     caches of `length` positions. A batch of fewer sentences, or one whose sentences leave the
     search, leaves slots unused (they repeat the first sentence); the search reads the first
-    rows. It is the step's `DecoderState` (memory_kv, src_mask, caches, rows, position)."""
+    rows. It is the step's `decoding.DecoderState`."""
 
     def __init__(self, model: Transformer, sentences: int, beam: int, src_len: int, length: int) -> None:
         config, weight = model.config, model.tgt_embed.tokens.weight
@@ -98,17 +98,17 @@ class StaticDecoder:
                           for _ in range(config.decoder_layers)]
         self.src_mask = torch.ones(sentences, 1, 1, src_len, dtype=torch.bool, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self.caches = [StaticCache(rows, config.heads, length, config.d_k, config.d_v, self.position, dtype)
-                       for _ in range(config.decoder_layers)]
         self.identity = torch.arange(rows, device=device)
         self.rows, self.tokens = self.identity.clone(), torch.zeros(rows, dtype=torch.long, device=device)
+        self.caches = [StaticCache(self.rows, config.heads, length, config.d_k, config.d_v, self.position, dtype)
+                       for _ in range(config.decoder_layers)]
         self.parity = 0
         self.replays = [capture(lambda parity=parity: self._step(parity), device) for parity in (0, 1)]
 
     def _step(self, parity: int) -> Tensor:
         for cache in self.caches:
             cache.parity = parity
-        return self.model.step_output(self.tokens, self)
+        return step_output(self.model, self.tokens, self)
 
     def advance(self) -> None:
         """Called by the step itself, so it is part of what is replayed."""
@@ -166,7 +166,7 @@ class DecoderGraphs:
 
     def start(self, src: Tensor, beam: int, length: int) -> StaticDecoder:
         """Encode `src` and start a search of `beam` rows per sentence and up to `length` positions."""
-        state = self.model.init_state(*self.model.encode(src))
+        state = start(self.model, src)
         sentences, src_len = src.size(0), src.size(1)
         shape = (1 << (sentences - 1).bit_length(), beam, -(-src_len // 16) * 16,
                  min(-(-length // 16) * 16, self.model.config.max_positions))
@@ -190,7 +190,3 @@ class DecoderGraphs:
         while self.decoders and (len(self.decoders) >= self.KEEP or self.budget is not None and needed + sum(
                 self.size(shape) for shape in self.decoders) > self.budget):
             del self.decoders[next(iter(self.decoders))]
-
-    @staticmethod
-    def step_output(tokens: Tensor, decoder: StaticDecoder) -> Tensor:
-        return decoder.step(tokens)

@@ -1,10 +1,12 @@
-"""Machine-specific fast paths, each a drop-in replacement for a plain torch operation and
-tested equal to it (tests/test_kernels.py). The paper's model (model.py), the search (search.py)
-and the trainer (train.py) call them; a reader who wants the paper never needs this file, nor
-graphs.py (the search's decoder as CUDA graphs).
+"""Machine-specific fast paths, each a drop-in replacement for a plain torch operation or one of
+the model's modules, and tested equal to it (tests/test_kernels.py). The paper's model
+(model.py) knows none of them: `use_fast_paths` swaps its modules for the ones here, and the
+search (search.py, decoding.py) and the trainer (trainer.py) call the rest. A reader who wants
+the paper never needs this file, nor graphs.py (the search's decoder as CUDA graphs).
 
 - `Dropout`: on the CPU, keep masks drawn four elements per 64-bit random integer.
-- `written_out_attention`: where eq. 1 written out beats the fused kernel (CPU, few keys).
+- `WrittenOutAttention`: eq. 1 written out where that beats the fused kernel (a search step;
+  the CPU with few keys).
 - `append_position`: a search step's cache reordered and extended in one copy.
 - `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form.
 - `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN.
@@ -16,21 +18,38 @@ graphs.py (the search's decoder as CUDA graphs).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.model import ScaledDotProductAttention, Transformer, attention
 from nmt_cli.vocab import PAD_ID
 
-if TYPE_CHECKING:
-    from nmt_cli.model import Transformer
+M = TypeVar("M", bound=nn.Module)
 
 
-class Dropout(nn.Module):
+def use_fast_paths(model: M) -> M:
+    """Swap the dropout and attention modules of `model` (a Transformer, or any part of one) for
+    this file's (same numbers in expectation and, for attention, the same function), in place;
+    returns `model`. Idempotent."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Dropout:
+                setattr(module, name, Dropout(child.p).train(child.training))
+            elif type(child) is ScaledDotProductAttention:
+                fast = WrittenOutAttention(child.dropout.p)
+                fast.dropout = Dropout(child.dropout.p)
+                setattr(module, name, fast.train(child.training))
+    return model
+
+
+class Dropout(nn.Dropout):
     """Dropout (§5.4, Srivastava et al. 2014): zero each element with probability p, scale the rest
     by 1 / (1 - p).
 
@@ -43,8 +62,7 @@ class Dropout(nn.Module):
     """
 
     def __init__(self, p: float) -> None:
-        super().__init__()
-        self.p = p
+        super().__init__(p)
         dropped = round(p * 2**16)  # of the 2^16 values of a 16-bit part
         self.threshold = dropped - 2**15  # int16 parts below it are dropped
         self.scale = 2**16 / (2**16 - dropped) if dropped < 2**16 else 0.0
@@ -57,9 +75,6 @@ class Dropout(nn.Module):
         bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # uniform 64 bits
         keep = (bits.view(torch.int16)[: x.numel()] >= self.threshold).view(x.shape)
         return Masked.apply(x, keep.to(x.dtype).mul_(self.scale))
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
 
 
 class Masked(torch.autograd.Function):
@@ -94,13 +109,34 @@ def append_position(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
 
 # On the CPU, attention over at most this many keys is written out rather than fused.
 WRITTEN_OUT_MAX_KEYS = 64
+_SEARCH_STEP = contextvars.ContextVar("search_step", default=False)
+
+
+@contextlib.contextmanager
+def search_step() -> Iterator[None]:
+    """Inside it, attention is a search step's (decoding.step_output): written out on every device."""
+    token = _SEARCH_STEP.set(True)
+    try:
+        yield
+    finally:
+        _SEARCH_STEP.reset(token)
 
 
 def written_out_attention(q: Tensor, k: Tensor) -> bool:
-    """Whether eq. 1 written out is faster than the fused kernel here: on the CPU for short
-    sequences (a search step's few queries, sentences of up to 64 tokens), backward included
+    """Whether eq. 1 written out is faster than the fused kernel here: at a search step (a few
+    queries), and on the CPU for short sequences (sentences of up to 64 tokens), backward included
     (tests/benchmarks/attention_speed.py)."""
-    return q.device.type == "cpu" and k.size(-2) <= WRITTEN_OUT_MAX_KEYS
+    return _SEARCH_STEP.get() or (q.device.type == "cpu" and k.size(-2) <= WRITTEN_OUT_MAX_KEYS)
+
+
+class WrittenOutAttention(ScaledDotProductAttention):
+    """The model's attention (eq. 1), written out (model.attention) where `written_out_attention`
+    says that is faster, else torch's fused kernel: the same function either way."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        if not self.keep_weights and written_out_attention(q, k):
+            return attention(q, k, v, mask, causal, self.dropout)[0]
+        return super().forward(q, k, v, mask, causal)
 
 
 class SmoothedCrossEntropy(torch.autograd.Function):
@@ -177,13 +213,14 @@ class PackedProjection:
 def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
     """The model's pre-softmax projection as a search should run it: packed where it can be
     (float32 on the CPU, not quantized)."""
-    weight = model.tgt_embed.tokens.weight
-    if weight.device.type == "cpu" and weight.dtype == torch.float32 and model.int8_projection is None:
+    projection = model.output_projection
+    if type(projection) is nn.Linear and projection.weight.device.type == "cpu" and \
+            projection.weight.dtype == torch.float32:
         try:
-            return PackedProjection(weight)
+            return PackedProjection(projection.weight)
         except (RuntimeError, AttributeError):
             pass
-    return model.project
+    return projection
 
 
 def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
@@ -225,9 +262,6 @@ def quantize_int8(model: Transformer) -> None:
     embeddings stay float32. The model can no longer be trained or saved as a checkpoint."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    weight = model.tgt_embed.tokens.weight
-    model.int8_projection = nn.Linear(weight.size(1), weight.size(0), bias=False)
-    model.int8_projection.weight = weight
     quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 

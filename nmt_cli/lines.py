@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 
 
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:

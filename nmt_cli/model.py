@@ -3,21 +3,22 @@
 Tensors are batch-first: tokens are (batch, length) int64, hidden states (batch, length, d_model).
 Padding is marked by `pad_index`; a source key padding mask is True where a token is real.
 
-The decoder runs in two ways that give the same numbers: `decode` over a whole target prefix
-(training, teacher forcing) and `decode_step` one token at a time over a `DecoderState` that
-caches every layer's keys and values (search).
+The decoder runs over a whole target prefix (training, teacher forcing), or one position at a
+time over caches of the earlier positions' keys and values (search: decoding.py); both give the
+same numbers. This file is the paper only: machine-specific fast paths (kernels.py) and int8
+quantization are module swaps applied from outside.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.architecture import ModelConfig
-from nmt_cli.kernels import Dropout, append_position, written_out_attention
 
 
 def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
@@ -45,7 +46,7 @@ class Embedding(nn.Module):
         if self.learned is None:
             table = positional_encoding(config.max_positions, config.d_model)
             self.register_buffer("sinusoid", table, persistent=False)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
         """`tokens` at positions offset, offset + 1, ...; a search step's one position may be a
@@ -77,6 +78,32 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
     return dropout(weights) @ v, weights
 
 
+class ScaledDotProductAttention(nn.Module):
+    """Eq. 1 for all heads at once, with dropout on the weights: torch's fused kernel, or
+    `attention` written out while the weights are kept for inspection (`keep_weights`)."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.keep_weights = False  # set by Transformer.attention_weights
+        self.weights: Tensor | None = None
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        if self.keep_weights:
+            out, self.weights = attention(q, k, v, mask, causal, self.dropout)
+            return out
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              dropout_p=self.dropout.p if self.training else 0.0)
+
+
+class KeyValueCache(Protocol):
+    """The keys and values of a self-attention layer's earlier positions (decoding.py, graphs.py)."""
+
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Those of every position so far, the new one's (`k`, `v`) included, and the mask of
+        the positions to attend to (None: all)."""
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, §3.2.2, over scaled dot-product attention (eq. 1).
 
@@ -96,9 +123,7 @@ class MultiHeadAttention(nn.Module):
             self.q = nn.Linear(config.d_model, qk)
             self.kv = nn.Linear(config.d_model, qk + v)
         self.out = nn.Linear(v, config.d_model)  # W^O
-        self.dropout = Dropout(config.attention_dropout)  # on the attention weights
-        self.keep_weights = False  # set by Transformer.attention_weights
-        self.weights: Tensor | None = None
+        self.attention = ScaledDotProductAttention(config.attention_dropout)
 
     def split_heads(self, x: Tensor, dim: int) -> Tensor:
         """(batch, length, heads * dim) -> (batch, heads, length, dim)."""
@@ -109,36 +134,35 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv(memory).split([self.heads * self.d_k, self.heads * self.d_v], dim=-1)
         return self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
 
-    def project_q(self, x: Tensor) -> Tensor:
-        """Queries of encoder-decoder attention, from the decoder."""
-        return self.split_heads(self.q(x), self.d_k)
-
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         qk = self.heads * self.d_k
         q, k, v = self.qkv(x).split([qk, qk, self.heads * self.d_v], dim=-1)
         return self.split_heads(q, self.d_k), self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-               step: bool = False) -> Tensor:
-        """softmax(Q K^T / sqrt(d_k)) V for all heads, concatenated and projected by W^O.
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k)) V for all heads, concatenated and projected by W^O."""
+        return self.out(self.attention(q, k, v, mask, causal).transpose(1, 2).flatten(2))
 
-        Written out (`attention`) to keep the weights for inspection, at a search step, and where
-        that is faster (`kernels.written_out_attention`); else torch's fused kernel."""
-        if self.keep_weights or step or written_out_attention(q, k):
-            out, weights = attention(q, k, v, mask, causal, self.dropout)
-            if self.keep_weights:
-                self.weights = weights
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal,
-                dropout_p=self.dropout.p if self.training else 0.0,
-            )
-        return self.out(out.transpose(1, 2).flatten(2))
-
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        """Self-attention over `x`; `mask` (batch, 1, 1, length) is True on real keys."""
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+                cache: KeyValueCache | None = None) -> Tensor:
+        """Self-attention over `x`; `mask` (batch, 1, 1, length) is True on real keys. With a
+        `cache` of the earlier positions, `x` is the next position and attends to all of them."""
         q, k, v = self.project_qkv(x)
+        if cache is not None:
+            k, v, mask = cache.extend(k, v)
+            causal = False
         return self.attend(q, k, v, mask, causal)
+
+    def attend_to(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
+        """Encoder-decoder attention of `x` to the encoder's keys and values. `x` may hold several
+        rows per sentence of `memory_kv` (a search's beams, a sentence's rows together): they
+        attend together, sharing the sentence's keys and values."""
+        grouped = x.reshape(memory_kv[0].size(0), -1, x.size(-1))
+        return self.attend(self.project_q(grouped), *memory_kv, mask, causal=False).view_as(x)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Queries of encoder-decoder attention, from the decoder."""
+        return self.split_heads(self.q(x), self.d_k)
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -148,7 +172,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(config.d_model, config.d_ff)
         self.w2 = nn.Linear(config.d_ff, config.d_model)
-        self.dropout = Dropout(config.relu_dropout)
+        self.dropout = nn.Dropout(config.relu_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.dropout(F.relu(self.w1(x))))
@@ -164,7 +188,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.pre_norm = config.norm == "pre"
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -198,76 +222,12 @@ class DecoderLayer(nn.Module):
         self.sublayers = nn.ModuleList(SublayerConnection(config) for _ in range(3))
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
-                cache: GrowingCache | None = None, rows: Tensor | None = None) -> Tensor:
-        """Without `cache`, `x` is the whole target prefix, masked causally. With the `cache` of
-        earlier positions' keys and values, `x` is the next position: the cache takes its rows
-        `rows` (the beams a search kept) if given, and is extended by `x`'s keys and values.
-
-        `x` may hold several rows per sentence of `memory_kv` (the beams of a search, each
-        sentence's rows together): they share that sentence's encoder keys and values.
-        """
-        step = cache is not None
-
-        def self_attention(y: Tensor) -> Tensor:
-            q, k, v = self.self_attn.project_qkv(y)
-            if not step:
-                return self.self_attn.attend(q, k, v, None, causal=True)
-            k, v, mask = cache.extend(k, v, rows)
-            return self.self_attn.attend(q, k, v, mask, causal=False, step=True)
-
-        def cross_attention(y: Tensor) -> Tensor:
-            # one sentence's queries (rows x positions) attend together to its encoder output
-            grouped = y.reshape(memory_kv[0].size(0), -1, y.size(-1))
-            out = self.cross_attn.attend(self.cross_attn.project_q(grouped), *memory_kv, src_mask, causal=False,
-                                         step=step)
-            return out.view_as(y)
-
-        x = self.sublayers[0](x, self_attention)
-        x = self.sublayers[1](x, cross_attention)
+                cache: KeyValueCache | None = None) -> Tensor:
+        """`x` is the target prefix, masked causally; with the `cache` of the earlier positions,
+        the next position."""
+        x = self.sublayers[0](x, lambda y: self.self_attn(y, causal=True, cache=cache))
+        x = self.sublayers[1](x, lambda y: self.cross_attn.attend_to(y, memory_kv, src_mask))
         return self.sublayers[2](x, self.ffn)
-
-
-class GrowingCache:
-    """A decoder layer's self-attention keys and values of the positions so far, one row per
-    decoder row; each step copies them once, taking the rows a search kept and adding its own."""
-
-    def __init__(self) -> None:
-        self.kv: tuple[Tensor, Tensor] | None = None
-
-    def extend(self, k: Tensor, v: Tensor, rows: Tensor | None) -> tuple[Tensor, Tensor, None]:
-        """Keys and values of every position so far (no mask needed: all are real)."""
-        if self.kv is not None:
-            k, v = append_position(self.kv[0], k, rows), append_position(self.kv[1], v, rows)
-        self.kv = (k, v)
-        return k, v, None
-
-
-class DecoderState:
-    """What `decode_step` needs between steps: the encoder's keys/values per layer and the
-    source mask (one row per sentence), each layer's self-attention cache (one row per decoder
-    row: a sentence's beams are consecutive rows), the cache rows to take at the next step, and
-    the next position."""
-
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
-        self.memory_kv = memory_kv
-        self.src_mask = src_mask
-        self.caches = [GrowingCache() for _ in memory_kv]
-        self.rows: Tensor | None = None
-        self.position = 0
-
-    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
-        """Continue from decoder rows `rows` (the beams a search kept), and where sentences are
-        dropped or repeated, keep the encoder entries of `sentences`.
-
-        The caches take their rows at the next step, in the same copy that extends them.
-        """
-        if sentences is not None:
-            self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
-            self.src_mask = self.src_mask.index_select(0, sentences)
-        self.rows = rows if self.rows is None else self.rows.index_select(0, rows)
-
-    def advance(self) -> None:
-        self.position, self.rows = self.position + 1, None
 
 
 class Transformer(nn.Module):
@@ -293,8 +253,15 @@ class Transformer(nn.Module):
         pre_norm = config.norm == "pre"
         self.encoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
-        self.int8_projection: nn.Module | None = None  # set by kernels.quantize_int8
+        # The pre-softmax linear transformation (§3.4), made on the meta device: it takes the target
+        # embedding's matrix (tie_weights), so drawing a weight of its own would only use random numbers.
+        self.output_projection = nn.Linear(config.d_model, tgt_vocab_size, bias=False, device="meta")
+        self.tie_weights()
         self.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """The pre-softmax projection shares the target embedding's matrix (§3.4)."""
+        self.output_projection.weight = self.tgt_embed.tokens.weight
 
     def reset_parameters(self) -> None:
         """Xavier-uniform projections with zero biases; embeddings N(0, d_model^-0.5), pad row 0."""
@@ -323,35 +290,35 @@ class Transformer(nn.Module):
             x = layer(x, src_mask)
         return self.encoder_norm(x), src_mask
 
-    def project(self, x: Tensor) -> Tensor:
-        """Pre-softmax linear transformation, tied to the target embedding (§3.4)."""
-        if self.int8_projection is not None:
-            return self.int8_projection(x)
-        return F.linear(x, self.tgt_embed.tokens.weight)
+    def memory_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each decoder layer's keys and values of the encoder output (computed once per source)."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, keep: Tensor | None = None) -> Tensor:
-        """Logits for every position of a target prefix (teacher forcing), causally masked.
+    def decode(self, tgt_in: Tensor, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
+               caches: list[KeyValueCache] | None = None, offset: int | Tensor = 0) -> Tensor:
+        """The decoder stack's output for every position of a target prefix, causally masked; or,
+        with each layer's cache of the earlier positions, for the next `offset` position."""
+        x = self.tgt_embed(tgt_in, offset)
+        for layer, kv, cache in zip(self.decoder_layers, memory_kv, caches or [None] * len(memory_kv)):
+            x = layer(x, kv, src_mask, cache)
+        return self.decoder_norm(x)
 
-        With `keep` (a boolean mask like `tgt_in`), only the kept positions are projected to the
-        vocabulary, flattened to (kept, vocab): training skips the padding's largest matmul.
-        """
-        x = self.tgt_embed(tgt_in)
-        for layer in self.decoder_layers:
-            x = layer(x, layer.cross_attn.project_kv(memory), src_mask)
-        x = self.decoder_norm(x)
-        return self.project(x if keep is None else x[keep])
-
-    def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
+    def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """The decoder's output for every target position, before the pre-softmax projection."""
         memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask, keep)
+        return self.decode(tgt_in, self.memory_keys_values(memory), src_mask)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Logits (batch, target length, vocabulary) of every next token (teacher forcing)."""
+        return self.output_projection(self.features(src, tgt_in))
 
     @torch.no_grad()
     def attention_weights(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
         """Attention distributions of a forward pass (§4, appendix), per layer, (batch, heads, queries, keys):
         "encoder" self-attention, "decoder" (masked) self-attention, "cross" encoder-decoder attention."""
-        groups = {"encoder": [layer.self_attn for layer in self.encoder_layers],
-                  "decoder": [layer.self_attn for layer in self.decoder_layers],
-                  "cross": [layer.cross_attn for layer in self.decoder_layers]}
+        groups = {"encoder": [layer.self_attn.attention for layer in self.encoder_layers],
+                  "decoder": [layer.self_attn.attention for layer in self.decoder_layers],
+                  "cross": [layer.cross_attn.attention for layer in self.decoder_layers]}
         modules = [m for group in groups.values() for m in group]
         try:
             for m in modules:
@@ -361,22 +328,3 @@ class Transformer(nn.Module):
         finally:
             for m in modules:
                 m.keep_weights, m.weights = False, None
-
-    def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
-        """Project the encoder output to each decoder layer's keys/values once, each laid out
-        contiguously (as views of the fused projection, every step's attention would copy them)."""
-        memory_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
-        return DecoderState([(k.contiguous(), v.contiguous()) for k, v in memory_kv], src_mask)
-
-    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """Logits (batch, vocab) for the next token, given the last tokens (batch,); updates `state`."""
-        return self.project(self.step_output(tokens, state))
-
-    def step_output(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """The decoder's output (batch, d_model) for the next token, before the projection to the
-        vocabulary; updates `state`."""
-        x = self.tgt_embed(tokens[:, None], offset=state.position)
-        for layer, kv, cache in zip(self.decoder_layers, state.memory_kv, state.caches):
-            x = layer(x, kv, state.src_mask, cache, state.rows)
-        state.advance()
-        return self.decoder_norm(x)[:, 0]

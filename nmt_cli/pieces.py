@@ -10,7 +10,7 @@ import io
 import re
 from collections.abc import Iterable, Iterator
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 from nmt_cli.vocab import SPECIALS
 
 MODEL_TYPES = ("unigram", "bpe")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 from nmt_cli.files import reason, replacing
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",

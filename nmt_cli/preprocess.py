@@ -12,7 +12,6 @@ Everything is written to a temporary directory that is renamed into place at the
 from __future__ import annotations
 
 import functools
-import shutil
 import sys
 import time
 from collections import Counter
@@ -25,15 +24,16 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from nmt_cli import NmtError, __version__
 from nmt_cli.bpe import learn_bpe
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data import ArrayWriter, token_dtype
 from nmt_cli.datadir import FORMAT_VERSION, DataDir
-from nmt_cli.files import DirectoryLock, publish_directory, reason, remove_stale_temporaries, temporary_directory
+from nmt_cli.errors import NmtError
+from nmt_cli.files import DirectoryLock, reason, write_directory
 from nmt_cli.lines import chunks, input_path, read_pairs
 from nmt_cli.pieces import learn_sentencepiece, load_sentencepiece
 from nmt_cli.text import TextProcessor, check_codes
+from nmt_cli.version import __version__
 from nmt_cli.vocab import SPECIALS, Vocabulary
 from nmt_cli.workers import (
     LineRange,
@@ -183,23 +183,11 @@ def preprocess(opts: PreprocessConfig) -> DataDir:
     try:
         destdir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise NmtError(f"{destdir.parent}: cannot create the directory ({reason(e)})") from None
+        raise NmtError(f"{destdir.parent}: cannot write there ({reason(e)})") from None
     with DirectoryLock(destdir.parent / f".{destdir.name}.nmt-lock", f"--destdir {destdir}"):
-        remove_stale_temporaries(destdir.parent)
-        try:
-            tmp = temporary_directory(destdir)
-        except OSError as e:
-            raise NmtError(f"{destdir.parent}: cannot write there ({reason(e)})") from None
-        try:
-            meta = DataDir.write(tmp, _run_stages(opts, inputs, tmp)).meta
-            check_destdir(destdir, opts.force, given)  # again: another program may have written there meanwhile
-            publish_directory(tmp, destdir)
-            return DataDir(destdir, meta)
-        except OSError as e:
-            raise NmtError(f"{destdir}: cannot write the data directory ({reason(e)}); nothing was "
-                           "written") from None
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        meta = write_directory(destdir, "data directory", lambda tmp: DataDir.write(tmp, _run_stages(
+            opts, inputs, tmp)).meta, lambda: check_destdir(destdir, opts.force, given))
+    return DataDir(destdir, meta)
 
 
 def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tmp: Path) -> dict[str, Any]:

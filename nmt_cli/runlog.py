@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 from nmt_cli.files import reason, write_text
 
 # The bar of a run with only --max-time: seconds of its budget, with the update reached.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from nmt_cli import NmtError
+from nmt_cli.errors import NmtError
 
 METRICS = ("bleu", "chrf", "ter")
 COMPOUND = re.compile(r"(?<=\S)-(?=\S)")

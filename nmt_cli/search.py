@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from nmt_cli import decoding
 from nmt_cli.config import SearchConfig
-from nmt_cli.graphs import DecoderGraphs, StaticDecoder
+from nmt_cli.decoding import DecoderState
+from nmt_cli.graphs import DecoderGraphs
 from nmt_cli.kernels import search_projection, steps_between_reads, top_k
-from nmt_cli.model import DecoderState, Transformer
+from nmt_cli.model import Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 BLOCK_FLOATS = 1 << 22  # 16 MB of float32 log-probabilities per block of rows
@@ -80,11 +82,11 @@ class Ensemble:
         for graphs in self.graphs or []:
             graphs.decoders.clear()
 
-    def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState | StaticDecoder]:
+    def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState]:
         """Encode `src` for a search of `beam` rows per sentence and up to `length` positions."""
         if self.graphs is not None:
             return [graphs.start(src, beam, length) for graphs in self.graphs]
-        return [model.init_state(*model.encode(src)) for model in self.models]
+        return [decoding.start(model, src) for model in self.models]
 
     def top_tokens(self, tokens: Tensor, states: list[DecoderState], k: int, banned: Tensor,
                    forced: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -96,7 +98,8 @@ class Ensemble:
         log-probabilities, so the (rows, vocab) matrix never exists whole: memory stays small
         with large vocabularies, and each block is still in cache when it is read again.
         """
-        outputs = [m.step_output(tokens, s) for m, s in zip(self.graphs or self.models, states)]
+        outputs = [state.step(tokens) if self.graphs is not None else decoding.step_output(model, tokens, state)
+                   for model, state in zip(self.models, states)]
         rows = tokens.size(0)
         block = max(1, BLOCK_FLOATS // self.vocab_size)
         values, indices = [], []

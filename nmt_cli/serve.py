@@ -8,9 +8,11 @@
 
 Requests that arrive together are translated together: a batcher thread takes the first waiting
 request, waits up to --batch-window-ms for more with the same search options, up to
---batch-tokens source words, and translates them in one call, so throughput under concurrency
-approaches `nmt translate` on a file. A bad request gets a 4xx with a one-line reason, and the
-server keeps serving; SIGTERM (or Ctrl-C) lets the requests in flight finish, then stops.
+--batch-words source words, and translates them in one call (translator.py), so throughput under
+concurrency approaches `nmt translate` on a file. A bad request, or one that asks more than the
+server's --max-* limits, gets a 4xx with a one-line reason, and the server keeps serving. SIGTERM
+(or Ctrl-C) gives the requests in flight --drain-seconds to finish, answers 503 to the rest, and
+stops on time.
 """
 
 import asyncio
@@ -24,11 +26,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from nmt_cli import NmtError
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
+from nmt_cli.records import translations_record
 from nmt_cli.search import SearchInterrupted
-from nmt_cli.translate import Translator
+from nmt_cli.translator import Translator
 
 OPTIONS = ("beam", "nbest", "lenpen", "max_len_a", "max_len_b")
 
@@ -119,7 +122,7 @@ class Batcher:
     def drain(self, seconds: float) -> None:
         """Translate what is waiting for at most `seconds` (less a margin); then answer ShuttingDown."""
         self.deadline = time.monotonic() + max(0.0, seconds - DRAIN_MARGIN_SECONDS)
-        self.translator.models.deadline = self.deadline  # a search stops there
+        self.translator.generator.models.deadline = self.deadline  # a search stops there
 
     def close(self) -> None:
         self.queue.put(None)
@@ -134,8 +137,7 @@ class Batcher:
             try:
                 if self.deadline is not None and time.monotonic() >= self.deadline:
                     raise ShuttingDown
-                records = self.translator.translate_records([line for job in group for line in job.lines],
-                                                            first.search)
+                records = self.translate([line for job in group for line in job.lines], first.search)
             except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
                 error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
                 for job in group:
@@ -146,6 +148,12 @@ class Batcher:
             for job in group:
                 job.done.set_result(records[start:start + len(job.lines)])
                 start += len(job.lines)
+
+    def translate(self, lines: list[str], search: SearchConfig) -> list[dict[str, Any]]:
+        """The JSON record of each line's translations."""
+        _, found = self.translator.search(lines, search)
+        return [translations_record(k + 1, [self.translator.translation(h) for h in hyps])
+                for k, hyps in enumerate(found)]
 
     def _gather(self, first: Job) -> list[Job]:
         """The requests with `first`'s options that arrive within the window, up to --batch-words."""

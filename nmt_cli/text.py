@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from subword_nmt.apply_bpe import BPE
 
-from nmt_cli import NmtError
 from nmt_cli.config import TextConfig
+from nmt_cli.errors import NmtError
 from nmt_cli.pieces import load_sentencepiece
 
 BPE_SEPARATOR = "@@"
@@ -85,11 +85,16 @@ class TextProcessor:
         return self.pieces.encode(self.pieces.decode_pieces(pieces), out_type=str, enable_sampling=True, alpha=alpha,
                                   nbest_size=-1)
 
+    @staticmethod
+    def join_subwords(tokens: list[str]) -> list[str]:
+        """Subword tokens -> words: a token ending in "@@" joined to the next."""
+        return " ".join(tokens).replace(BPE_SEPARATOR + " ", "").removesuffix(BPE_SEPARATOR).split()
+
     def decode(self, tokens: list[str]) -> str:
         """Subword tokens -> text: BPE joined back, then Moses detokenization (or SentencePiece's own)."""
         if self.pieces is not None:
             return self.pieces.decode_pieces(tokens)
-        words = " ".join(tokens).replace(BPE_SEPARATOR + " ", "").removesuffix(BPE_SEPARATOR).split()
+        words = self.join_subwords(tokens)
         return self.detokenizer.detokenize(words) if self.detokenizer is not None else " ".join(words)
 
 

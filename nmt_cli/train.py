@@ -1,7 +1,7 @@
 """`nmt train`: the training regime of §5, resumable, on one CPU or many GPUs (torchrun).
 
 A run reads a data directory (datadir.py), builds the model, resumes from its save directory's
-last checkpoint (checkpointer.py) and repeats updates (trainer.py) until a stop criterion,
+last checkpoint (savedir.py) and repeats updates (trainer.py) until a stop criterion,
 validating and saving on the way; it reports through runlog.py.
 
 The batches of an epoch are a seeded permutation of length-grouped token batches (data.py);
@@ -14,6 +14,7 @@ as one run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import time
 from dataclasses import asdict
@@ -23,22 +24,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import ModelConfig
-from nmt_cli.checkpointer import Checkpointer, set_rng_state
-from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
+from nmt_cli.config import SearchConfig, TrainConfig
 from nmt_cli.data import Batch, ParallelData, Prefetcher, shuffled, token_batches
 from nmt_cli.datadir import DataDir
 from nmt_cli.device import out_of_memory
+from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries
+from nmt_cli.generator import Generator
 from nmt_cli.model import Transformer
+from nmt_cli.pipeline import TextPipeline
 from nmt_cli.progress import Progress, Stop
 from nmt_cli.runlog import RunLog
+from nmt_cli.savedir import SaveDir, set_rng_state
 from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
 MAX_SKIPS_IN_A_ROW = 5
+
+
 def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:
     """Refuse data with a sequence longer than the model's positions, naming the valid pair."""
     longest = max(int(max(train.src_lengths.max(), train.tgt_lengths.max())) for train in trains)
@@ -52,20 +57,18 @@ def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelDat
                        "the valid split, or raise --max-positions")
 
 
-def valid_scores(bundle: ckpt.ModelBundle, valid: ParallelData, config: TrainConfig,
+def valid_scores(model: Transformer, pipeline: TextPipeline, valid: ParallelData, config: TrainConfig,
                  device: torch.device) -> dict[str, float]:
     """sacreBLEU, chrF and TER of the valid split translated with beam search (--eval-bleu);
     references are the detokenized binarized targets (so an <unk> in a reference counts as a word)."""
     import sacrebleu
 
-    from nmt_cli.translate import Translator
-
-    bundle.model.eval()
+    model.eval()
+    generator = Generator([model], device, max_tokens=config.max_tokens, never=pipeline.tgt_vocab.fillers)
     search = SearchConfig(beam=config.eval_bleu_beam, lenpen=config.eval_bleu_lenpen)
-    translator = Translator([bundle], TranslateConfig(search, max_tokens=config.max_tokens), device)
     sources = [valid.source[i].tolist() for i in range(len(valid))]
-    hypotheses = [translator.detokenize(h[0].tokens) if h else "" for h in translator.translate_ids(sources)]
-    references = [[translator.detokenize(valid.target[i].tolist()) for i in range(len(valid))]]
+    hypotheses = [pipeline.text(h[0].tokens) if h else "" for h in generator.search(sources, search)]
+    references = [[pipeline.text(valid.target[i].tolist()) for i in range(len(valid))]]
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
             "ter": sacrebleu.corpus_ter(hypotheses, references).score}
@@ -197,7 +200,7 @@ class TrainingRun:
         self.model = model.to(self.runtime.device)
         self.bundle = ckpt.ModelBundle(self.model, data.text, data.bpe_codes(), src_vocab, tgt_vocab,
                                        data.sentencepiece())
-        self.checkpoints = Checkpointer(self.save_dir, self.runtime, config.keep_last, (src_vocab, tgt_vocab))
+        self.checkpoints = SaveDir(self.save_dir, self.runtime, config.keep_last, (src_vocab, tgt_vocab))
         state = None if reset else self.checkpoints.resume(self.model)
         if state is None and init_from is not None:
             self.checkpoints.initialize(self.model, init_from)
@@ -224,6 +227,11 @@ class TrainingRun:
             self.progress.epoch, self.progress.epoch_updates = self.progress.epoch + 1, 0
         set_rng_state(state["rng"][min(self.runtime.rank, len(state["rng"]) - 1)])
 
+    @functools.cached_property
+    def pipeline(self) -> TextPipeline:
+        """The text of the valid split's translations and references (--eval-bleu)."""
+        return TextPipeline(self.bundle, self.model.config.max_positions)
+
     def batching(self) -> dict[str, Any]:
         c = self.config
         return {"max_tokens": c.max_tokens, "max_sentences": c.max_sentences, "update_freq": c.update_freq,
@@ -247,7 +255,7 @@ class TrainingRun:
         with self.trainer.averaged():
             result = self.trainer.validate(self.valid, self.valid_batches, self.pad_multiple)
             if self.config.eval_bleu:
-                result.update(valid_scores(self.bundle, self.valid, self.config, self.runtime.device))
+                result.update(valid_scores(self.model, self.pipeline, self.valid, self.config, self.runtime.device))
         p = self.progress
         best = p.validated(result, self.config.best_checkpoint_metric)
         self.log.validation(p.updates, p.epoch, self.elapsed(), result, best)

@@ -24,7 +24,7 @@ from torch import Tensor
 from nmt_cli.config import TrainConfig
 from nmt_cli.data import Batch, ParallelData
 from nmt_cli.device import select as select_device
-from nmt_cli.kernels import SmoothedCrossEntropy
+from nmt_cli.kernels import SmoothedCrossEntropy, use_fast_paths
 from nmt_cli.model import Transformer
 from nmt_cli.vocab import PAD_ID
 
@@ -124,16 +124,30 @@ class WeightAverage:
         self.average = [state[name].to(average.device) for name, average in zip(self.names, self.average)]
 
 
+class KeptLogits(torch.nn.Module):
+    """The model's logits at the target positions a boolean mask `keep` keeps, flattened to (kept,
+    vocab) (all positions without it): what the trainer, and DDP or torch.compile around it, run."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
+        features = self.model.features(src, tgt_in)
+        return self.model.output_projection(features if keep is None else features[keep])
+
+
 class Trainer:
     """Model, optimizer and one update: forward/backward over this process's micro-batches, then step."""
 
     def __init__(self, model: Transformer, config: TrainConfig, runtime: Runtime) -> None:
-        self.model, self.config, self.runtime = model, config, runtime
+        self.model, self.config, self.runtime = use_fast_paths(model), config, runtime
         self.d_model = model.config.d_model
-        self.net: torch.nn.Module = model
+        self.logits = KeptLogits(model)
+        self.net: torch.nn.Module = self.logits
         if runtime.world > 1:
             ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
-            self.net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+            self.net = torch.nn.parallel.DistributedDataParallel(self.logits, device_ids=ids)
         if config.compile:
             self.net = torch.compile(self.net)
         adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
@@ -147,9 +161,9 @@ class Trainer:
         self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
         self.epsilon = model.config.label_smoothing
         # On the CPU only the real target positions go through the vocabulary projection, the
-        # largest matmul. On a GPU that selection (a boolean index, its size known only to the
-        # device) would make the host wait for the device at every batch and split a compiled
-        # graph, so every position is projected and the loss masks the padding.
+        # largest matmul (KeptLogits). On a GPU that selection (a boolean index, its size known
+        # only to the device) would make the host wait for the device at every batch and split a
+        # compiled graph, so every position is projected and the loss masks the padding.
         self.project_real_only = runtime.device.type == "cpu"
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -207,7 +221,7 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
         for indices in batches:
-            totals += torch.stack(self.loss(self.model, data.collate(indices, pad_multiple))).double()
+            totals += torch.stack(self.loss(self.logits, data.collate(indices, pad_multiple))).double()
         loss, nll, tokens = totals.tolist()
         return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(nll / tokens)}
 

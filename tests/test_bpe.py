@@ -9,8 +9,8 @@ import pytest
 from conftest import head
 from subword_nmt.learn_bpe import learn_bpe as subword_nmt_learn_bpe
 
-from nmt_cli import NmtError
 from nmt_cli.bpe import learn_bpe, merge_pair
+from nmt_cli.errors import NmtError
 
 
 def subword_nmt_codes(word_counts: Counter, merges: int) -> str:

@@ -3,17 +3,19 @@
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
 from conftest import tiny_checkpoint
 
-from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import ModelConfig
 from nmt_cli.cli import main
+from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
+from nmt_cli.savedir import last_checkpoints
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -127,9 +129,9 @@ def test_last_n_by_update_number_not_file_time(tmp_path):
     for n in (100, 20, 300, 4):
         tiny_checkpoint(tmp_path / f"checkpoint_{n}.pt")
     os.utime(tmp_path / "checkpoint_4.pt", (4e9, 4e9))  # newest file, oldest update
-    assert [p.name for p in ckpt.last_checkpoints(tmp_path, 2)] == ["checkpoint_100.pt", "checkpoint_300.pt"]
+    assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["checkpoint_100.pt", "checkpoint_300.pt"]
     with pytest.raises(NmtError, match="4 numbered checkpoint.*fewer than --last 5"):
-        ckpt.last_checkpoints(tmp_path, 5)
+        last_checkpoints(tmp_path, 5)
 
 
 def test_average_checkpoints_cli(tmp_path):
@@ -180,11 +182,9 @@ def craft(checkpoint: dict, damage: str) -> dict:
     ("vocabulary", "damaged checkpoint: tgt_vocab is not a vocabulary"),
 ])
 def test_a_crafted_checkpoint_is_refused_on_load_naming_what_is_wrong(tmp_path, fmt, damage, message):
-    from nmt_cli.export import save_safetensors
-
     good = ckpt.load(tiny_checkpoint(tmp_path / "m.pt"))
     path = tmp_path / f"crafted.{fmt}"
-    (ckpt.save if fmt == "pt" else save_safetensors)(craft(good, damage), path)
+    (ckpt.save if fmt == "pt" else ckpt.save_safetensors)(craft(good, damage), path)
     for read in (ckpt.load, ckpt.load_bundle):
         with pytest.raises(NmtError) as refused:
             read(path)
@@ -199,3 +199,23 @@ def test_a_checkpoint_averages_with_its_safetensors_export(tmp_path):
                                      str(tmp_path / "m.safetensors")]).exit_code == 0
     averaged = ckpt.average([model, tmp_path / "m.safetensors"])
     assert all(torch.equal(averaged["model"][k], v) for k, v in ckpt.load(model)["model"].items())
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_a_checkpoint_of_format_version_1_loads_and_translates_as_it_did(tmp_path):
+    """tests/fixtures/v1_model.pt was written by nmt-cli at 32915c5 (format version 1, before the
+    pre-softmax projection had a name of its own): it is migrated on load, and a model saved again
+    is format version 2 with the same weights and translations."""
+    old = ckpt.load(FIXTURES / "v1_model.pt")
+    assert old["format_version"] == ckpt.FORMAT_VERSION == 2
+    assert old["model"]["output_projection.weight"] is old["model"]["tgt_embed.tokens.weight"]
+    model = ckpt.load_bundle(FIXTURES / "v1_model.pt").model
+    assert model.output_projection.weight is model.tgt_embed.tokens.weight  # still tied
+    ckpt.save(ckpt.load_bundle(FIXTURES / "v1_model.pt").describe(), tmp_path / "v2.pt")
+    assert torch.load(tmp_path / "v2.pt", weights_only=True)["format_version"] == 2
+    paths = (FIXTURES / "v1_model.pt", tmp_path / "v2.pt")
+    outputs = [CliRunner().invoke(main, ["translate", "-m", str(path), "--device", "cpu"],
+                                  input="a b c\np o n\n").output for path in paths]
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2

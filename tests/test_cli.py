@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import synthetic_data_dir, tiny_checkpoint
 
-from nmt_cli import __version__
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
 from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig, TranslateConfig
+from nmt_cli.version import __version__
 
 
 def run(*args):

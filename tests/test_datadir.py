@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from nmt_cli import NmtError
 from nmt_cli.datadir import META, DataDir, sha256
+from nmt_cli.errors import NmtError
 from nmt_cli.files import MARKER
 
 

@@ -5,9 +5,9 @@ import torch
 from click.testing import CliRunner
 from conftest import tiny_checkpoint
 
-from nmt_cli import NmtError
 from nmt_cli.cli import main
 from nmt_cli.device import select
+from nmt_cli.errors import NmtError
 
 
 def test_cpu_defaults_to_fp32():

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from nmt_cli import NmtError, files
+from nmt_cli import files
+from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock
 
 

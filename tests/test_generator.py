@@ -7,11 +7,14 @@ from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
 from test_translate import LINES, run, translator
 
-from nmt_cli import NmtError, generator, kernels
+from nmt_cli import generator, kernels
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
-from nmt_cli.generator import quantize_int8
+from nmt_cli.config import SearchConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.generator import Generator, quantize_int8
 from nmt_cli.search import Ensemble
+from nmt_cli.translate import translate_lines
 
 
 @pytest.fixture
@@ -19,8 +22,14 @@ def model_path(tmp_path):
     return tiny_checkpoint(tmp_path / "m.pt", seed=3)
 
 
-def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, tmp_path, monkeypatch):
-    expected = translator(model_path).translate_lines(LINES)
+def sources_of(model_path) -> list[list[int]]:
+    pipeline = translator(model_path).pipeline
+    return [pipeline.source_ids(line, k + 1) for k, line in enumerate(LINES)]
+
+
+def test_a_batch_the_gpu_has_no_memory_for_is_searched_in_halves(model_path, tmp_path, monkeypatch):
+    sources, config = sources_of(model_path), SearchConfig(beam=3, max_len_a=1, max_len_b=3)
+    expected = Generator([load_bundle(model_path).model], torch.device("cpu"), max_tokens=8000).search(sources, config)
     searched, search = [], generator.beam_search
 
     def short_of_memory(models, src, *args):
@@ -30,13 +39,13 @@ def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, t
         return search(models, src, *args)
 
     warnings = []
-    halving = translator(model_path, warnings)
-    halving.generator.models = Ensemble(halving.models.models, graphs=True)  # as --cuda-graphs does on a GPU
-    halving.models = halving.generator.models
-    halving.translate_lines(LINES)
+    halving = Generator([load_bundle(model_path).model], torch.device("cpu"), max_tokens=8000, warn=warnings.append)
+    halving.models = Ensemble(halving.models.models, graphs=True)  # as --cuda-graphs does on a GPU
+    halving.search(sources, config)
     assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [8]
     monkeypatch.setattr(generator, "beam_search", short_of_memory)
-    assert halving.translate_lines(LINES) == expected
+    tokens = [[h.tokens for h in hyps] for hyps in expected]
+    assert [[h.tokens for h in hyps] for hyps in halving.search(sources, config)] == tokens
     assert searched == [6, 3, 1, 2, 3, 1, 2]  # the 6 non-empty lines, then halves of halves
     assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [1, 2]  # the 8-slot one was given back
     assert warnings == ["warning: CUDA out of memory for 6 sentences at once: translating such batches in halves "
@@ -50,11 +59,12 @@ def test_a_batch_the_gpu_has_no_memory_for_is_translated_in_halves(model_path, t
 
 
 def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
-    fp32, int8 = translator(model_path), translator(model_path, quantize="int8")
+    fp32, int8 = translator(model_path).generator, translator(model_path, quantize="int8").generator
     model = int8.models.models[0]
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
-    assert isinstance(model.int8_projection, torch.ao.nn.quantized.dynamic.Linear)
-    assert int8.models.projections[0] == model.project  # the search projects in int8 too
+    assert isinstance(model.output_projection, torch.ao.nn.quantized.dynamic.Linear)
+    assert int8.models.projections[0] is model.output_projection  # the search projects in int8 too
+    assert model.tgt_embed.tokens.weight.dtype == torch.float32  # the embeddings stay float
     src = torch.tensor([[5, 6, 7, 8, 2]])
     tgt = torch.tensor([[1, 9, 10, 11]])
     with torch.inference_mode():
@@ -62,7 +72,7 @@ def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
         quantized = model(src, tgt).log_softmax(-1)
     assert (quantized - reference).abs().max() < 0.1
     assert not torch.equal(quantized, reference)  # it did change the arithmetic
-    assert len(int8.translate_lines(LINES)) == len(LINES)
+    assert len(translate_lines(translator(model_path, quantize="int8"), LINES)) == len(LINES)
 
 
 def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):

@@ -17,11 +17,13 @@ from test_search import random_model, sources
 from test_train import LEARNER, LEARNER_RECIPE, TINY, run_training
 
 from nmt_cli import checkpoint as ckpt
+from nmt_cli import kernels
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TranslateConfig
 from nmt_cli.search import Ensemble, beam_search
 from nmt_cli.trainer import Runtime, Trainer, label_smoothed_loss
-from nmt_cli.translate import Translator
+from nmt_cli.translate import translate_lines
+from nmt_cli.translator import Translator
 from nmt_cli.vocab import PAD_ID
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -61,7 +63,7 @@ def test_a_checkpoint_trained_on_the_gpu_translates_on_the_cpu(tmp_path):
     bundle = ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")
     assert all(p.device.type == "cpu" for p in bundle.model.parameters())
     translator = Translator([bundle], TranslateConfig(SearchConfig(beam=2)), torch.device("cpu"))
-    assert len(translator.translate_lines(["a b c", "d e"])) == 2
+    assert len(translate_lines(translator, ["a b c", "d e"])) == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -131,7 +133,7 @@ def test_the_search_on_the_gpu_finds_the_cpus_hypotheses_and_rarely_waits(dtype)
 def test_the_search_replayed_as_cuda_graphs_finds_the_eager_hypotheses(dtype):
     """Ensemble(graphs=True) captures the decoder's steps as CUDA graphs and replays them: the
     hypotheses of the eager search on the same GPU, batch after batch."""
-    model = random_model(40, 3, scale=3.0).to("cuda", dtype)
+    model = kernels.use_fast_paths(random_model(40, 3, scale=3.0)).to("cuda", dtype)  # as nmt translate runs it
     config = SearchConfig(beam=4, nbest=2, max_len_a=3.0, max_len_b=20)
     graphed = Ensemble([model], graphs=True)
     batches = [[[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]],

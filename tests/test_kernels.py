@@ -1,6 +1,5 @@
-"""kernels.py: each fast path equals the plain torch operation it replaces (the model-level
-comparisons, written-out against fused attention and packed against plain projection, are in
-test_model.py and test_search.py)."""
+"""kernels.py: each fast path equals the plain torch operation or module it replaces (the
+packed projection against the plain one is in test_search.py)."""
 
 import ctypes
 import math
@@ -8,6 +7,7 @@ import platform
 
 import pytest
 import torch
+from test_model import PAD, random_tokens, tiny_model
 
 from nmt_cli import kernels
 from nmt_cli.kernels import Dropout
@@ -116,3 +116,46 @@ def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypa
     monkeypatch.setattr(kernels.ctypes, "CDLL", lambda name: object())  # a C library without mallopt
     assert not kernels.keep_freed_memory()
 
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_written_out_attention_equals_the_fused_kernel(norm, monkeypatch):
+    """With the fast paths, short sequences on the CPU take the written-out attention (test_model
+    checks its masks); the fused kernel, which longer ones take, gives the same outputs and
+    gradients."""
+    import nmt_cli.model as model_module
+
+    model = kernels.use_fast_paths(tiny_model(norm=norm).train())  # dropout 0: both runs see one function
+    src = torch.cat([random_tokens(2, 9), torch.cat([random_tokens(1, 5), torch.full((1, 4), PAD)], 1)])
+    tgt = torch.cat([random_tokens(2, 7), torch.cat([random_tokens(1, 3), torch.full((1, 4), PAD)], 1)])
+
+    fused_calls = []
+    sdpa = model_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: fused_calls.append(1) or sdpa(*args, **kwargs))
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        out = model(src, tgt)
+        return out, list(torch.autograd.grad((out * torch.linspace(-1, 1, out.size(-1))).sum(), model.parameters()))
+
+    written_out, written_out_grads = run()
+    assert not fused_calls  # every attention of the model written out
+    monkeypatch.setattr(kernels, "WRITTEN_OUT_MAX_KEYS", 0)
+    fused, fused_grads = run()
+    layers = model.config.encoder_layers + 2 * model.config.decoder_layers
+    assert len(fused_calls) == layers  # and now every one fused
+    torch.testing.assert_close(written_out, fused, rtol=0, atol=1e-5)
+    for a, b in zip(written_out_grads, fused_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_fast_paths_are_module_swaps_that_leave_the_function_alone():
+    model = tiny_model(dropout=0.1, attention_dropout=0.1, relu_dropout=0.1)
+    plain = {name: type(m) for name, m in model.named_modules()}
+    src, tgt = random_tokens(2, 6), random_tokens(2, 5)
+    before = model(src, tgt)
+    assert kernels.use_fast_paths(model) is model and kernels.use_fast_paths(model) is model  # idempotent
+    swapped = {name: type(m) for name, m in model.named_modules() if type(m) is not plain.get(name)}
+    assert set(swapped.values()) == {kernels.Dropout, kernels.WrittenOutAttention}
+    assert sum(t is kernels.WrittenOutAttention for t in swapped.values()) == 2 + 2 * 2  # every attention
+    assert all(m.p == 0.1 for m in model.modules() if isinstance(m, kernels.Dropout))
+    torch.testing.assert_close(model(src, tgt), before, rtol=0, atol=1e-5)  # eval: the same function

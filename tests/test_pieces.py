@@ -10,10 +10,10 @@ import sentencepiece
 from click.testing import CliRunner
 from conftest import head, write_lines
 
-from nmt_cli import NmtError
 from nmt_cli.cli import main
 from nmt_cli.config import TextConfig
 from nmt_cli.data import IndexedArray
+from nmt_cli.errors import NmtError
 from nmt_cli.pieces import learn_sentencepiece, load_sentencepiece
 from nmt_cli.text import TextProcessor
 from nmt_cli.vocab import Vocabulary

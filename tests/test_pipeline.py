@@ -13,7 +13,8 @@ from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
 from nmt_cli.train import TrainingRun
-from nmt_cli.translate import Translator
+from nmt_cli.translate import translate_lines
+from nmt_cli.translator import Translator
 
 REVERSAL_MODEL = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=256, heads=4,
                                           dropout=0.0, max_positions=64)
@@ -36,7 +37,7 @@ def test_learns_to_reverse_sequences(tmp_path):
     for quantize in (None, "int8"):
         translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_best.pt")],
                                 TranslateConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
-        outputs = translator.translate_lines(inputs)
+        outputs = translate_lines(translator, inputs)
         exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
         bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score
         assert exact >= 0.9 and bleu >= 90, (quantize, exact, bleu)

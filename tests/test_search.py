@@ -190,7 +190,7 @@ def test_unknown_token_only_when_allowed(monkeypatch):
     model = random_model(8, 0)
     bias = torch.zeros(8)
     bias[UNK_ID] = 20.0  # make <unk> by far the likeliest token
-    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.project(x) + bias)
+    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.output_projection(x) + bias)
     src = sources([[4, 5, 6, 7]], 8)
     config = SearchConfig(beam=2, max_len_a=0, max_len_b=5)
     assert UNK_ID not in beam_search(Ensemble([model]), src, config)[0][0].tokens
@@ -202,7 +202,7 @@ def test_vocabulary_fillers_are_never_output(monkeypatch):
     model, fillers = random_model(12, 0), [10, 11]
     bias = torch.zeros(12)
     bias[fillers] = 20.0  # the fillers (never seen in training) by far the likeliest tokens
-    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.project(x) + bias)
+    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.output_projection(x) + bias)
     src, prefixes = sources([[4, 5, 6, 7], [8, 9]], 12), prefix_tensor([[5], []])
     beam, sampled = SearchConfig(beam=3, nbest=2, max_len_b=5), SearchConfig(sampling=True, nbest=4, max_len_b=5)
 
@@ -221,10 +221,10 @@ def test_packed_projection_matches_the_model_and_leaves_it_alone():
     ensemble = Ensemble([model])
     if torch.backends.mkldnn.is_available():  # x86 builds of PyTorch (this project's CI) have oneDNN
         assert isinstance(ensemble.projections[0], kernels.PackedProjection)
-    assert model.int8_projection is None and "project" not in vars(model)  # the model is not changed
+    assert type(model.output_projection) is torch.nn.Linear  # the model is not changed
     x = torch.randn(37, 32)
     with torch.inference_mode():
-        assert torch.allclose(ensemble.projections[0](x), model.project(x), atol=1e-5)
+        assert torch.allclose(ensemble.projections[0](x), model.output_projection(x), atol=1e-5)
 
 
 def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypatch):
@@ -238,14 +238,14 @@ def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypa
 
     monkeypatch.setattr(kernels, "PackedProjection", unavailable)
     ensemble = Ensemble([model])
-    assert ensemble.projections[0] == model.project
+    assert ensemble.projections[0] is model.output_projection
     plain = beam_search(ensemble, src, config)
     assert [[h.tokens for h in hyps] for hyps in plain] == [[h.tokens for h in hyps] for hyps in packed]
     assert [hyps[0].score for hyps in plain] == pytest.approx([hyps[0].score for hyps in packed], abs=1e-4)
     attempts: list = []
     monkeypatch.setattr(kernels, "PackedProjection", attempts.append)
     bf16 = random_model(50, 4).to(torch.bfloat16)
-    assert Ensemble([bf16]).projections[0] == bf16.project and not attempts  # not even tried off float32
+    assert Ensemble([bf16]).projections[0] is bf16.output_projection and not attempts  # not even tried off float32
 
 
 def prefix_tensor(prefixes):

@@ -18,7 +18,8 @@ from conftest import tiny_checkpoint
 
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
-from nmt_cli.translate import Translator
+from nmt_cli.translate import translate_lines
+from nmt_cli.translator import Translator
 
 LINES = ["a b c d", "p o n m l k", "", "e", "f g h i j k l m n o p a b c", "c c c", "h a", "b b a a"]
 
@@ -71,7 +72,7 @@ def server(tmp_path_factory):
 def expected(model, lines, **search):
     translator = Translator([load_bundle(model)], TranslateConfig(SearchConfig(**search), format="jsonl"),
                             torch.device("cpu"))
-    return [json.loads(record) for record in translator.translate_lines(lines)]
+    return [json.loads(record) for record in translate_lines(translator, lines)]
 
 
 def test_concurrent_requests_are_batched_and_answered_as_translate_does(server):

@@ -11,11 +11,13 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir
 
-from nmt_cli import NmtError, device, trainer
 from nmt_cli import checkpoint as ckpt
+from nmt_cli import device, trainer
 from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
 from nmt_cli.config import TrainConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.savedir import numbered
 from nmt_cli.train import TrainingRun
 from nmt_cli.trainer import label_smoothed_loss, learning_rate
 from nmt_cli.vocab import PAD_ID
@@ -206,7 +208,7 @@ def test_crash_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch):
 def test_keep_last_prunes_numbered_checkpoints(tmp_path):
     data = synthetic_data_dir(tmp_path)
     run_training(data, tmp_path / "ck", max_updates=12, save_interval_updates=2, keep_last=3).run()
-    assert [n for n, _ in ckpt.numbered(tmp_path / "ck")] == [8, 10, 12]
+    assert [n for n, _ in numbered(tmp_path / "ck")] == [8, 10, 12]
     assert (tmp_path / "ck/checkpoint_best.pt").exists()
 
 
@@ -452,7 +454,7 @@ def test_projecting_every_position_gives_the_loss_and_gradients_of_projecting_re
     for real_only in (True, False):
         cpu.project_real_only = real_only
         model.zero_grad()
-        loss, nll, tokens = cpu.loss(model, run.train.collate(indices, 8))  # 4-9 tokens, padded to a multiple of 8
+        loss, nll, tokens = cpu.loss(cpu.logits, run.train.collate(indices, 8))  # 4-9 tokens, padded to a multiple of 8
         loss.backward()
         results.append((loss.item(), nll.item(), tokens.item(), [p.grad.clone() for p in model.parameters()]))
     (loss_a, nll_a, tokens_a, grads_a), (loss_b, nll_b, tokens_b, grads_b) = results
@@ -466,3 +468,24 @@ def test_training_on_the_cpu_keeps_freed_memory_for_reuse(monkeypatch):
     monkeypatch.setattr(device, "keep_freed_memory", lambda: calls.append(True))
     assert trainer.set_up_runtime(TrainConfig(device="cpu")).device.type == "cpu"
     assert calls == [True]
+
+
+def test_a_run_saved_in_format_version_1_resumes(tmp_path):
+    """tests/fixtures/v1_checkpoint_last.pt: 10 updates of a run (--ema-decay 0.9) written by
+    nmt-cli at 32915c5, on the synthetic data directory conftest makes; it resumes to 20."""
+    import shutil
+    from pathlib import Path
+
+    data = synthetic_data_dir(tmp_path)
+    (tmp_path / "ck").mkdir()
+    shutil.copyfile(Path(__file__).parent / "fixtures/v1_checkpoint_last.pt", tmp_path / "ck/checkpoint_last.pt")
+    model = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2,
+                                     max_positions=32)
+    run = run_training(data, tmp_path / "ck", model, max_updates=20, ema_decay=0.9)
+    assert run.resumed and run.progress.updates == 10
+    before = {name: p.detach().clone() for name, p in run.model.named_parameters()}
+    run.run()
+    resumed = ckpt.load(tmp_path / "ck/checkpoint_last.pt")
+    assert resumed["progress"]["updates"] == 20 and resumed["format_version"] == 2
+    assert all(state["step"] == 20 for state in resumed["optimizer"]["state"].values())  # Adam's state went on
+    assert any(not torch.equal(before[name], p) for name, p in run.model.named_parameters())

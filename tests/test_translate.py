@@ -15,7 +15,8 @@ from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TranslateConfig
 from nmt_cli.lines import arriving_chunks
-from nmt_cli.translate import Translator
+from nmt_cli.translate import translate_lines
+from nmt_cli.translator import Translator
 
 LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
 
@@ -32,12 +33,12 @@ def model_path(tmp_path):
 
 
 def test_batched_equals_one_by_one_and_keeps_order(model_path):
-    batched = translator(model_path).translate_lines(LINES)
-    alone = [translator(model_path).translate_lines([line])[0] for line in LINES]
+    batched = translate_lines(translator(model_path), LINES)
+    alone = [translate_lines(translator(model_path), [line])[0] for line in LINES]
     assert batched == alone and len(batched) == len(LINES)
     assert batched[1] == "" and batched[4] == ""
     assert len({out for out in batched if out}) >= 3  # outputs depend on the input: the order is checked
-    small_batches = translator(model_path, max_tokens=8, batch_size=2).translate_lines(LINES)
+    small_batches = translate_lines(translator(model_path, max_tokens=8, batch_size=2), LINES)
     assert small_batches == batched
 
 
@@ -49,14 +50,14 @@ def test_cuda_graphs_are_refused_without_a_gpu(model_path):
 def test_line_longer_than_positions_is_truncated_with_a_warning(tmp_path):
     path = tiny_checkpoint(tmp_path / "short.pt", max_positions=8)
     warnings = []
-    out = translator(path, warnings).translate_lines(["a b", "a b c d e f g h i j k l", "c"], first_number=10)
+    out = translate_lines(translator(path, warnings), ["a b", "a b c d e f g h i j k l", "c"], first_number=10)
     assert len(out) == 3
     assert warnings == ["warning: line 11: 12 tokens, more than the model's 7; translating the first 7"]
 
 
 def test_jsonl_nbest_with_scores(model_path):
     t = translator(model_path, format="jsonl", search=SearchConfig(beam=3, nbest=2, max_len_a=1, max_len_b=3))
-    records = [json.loads(line) for line in t.translate_lines(["a b c", ""])]
+    records = [json.loads(line) for line in translate_lines(t, ["a b c", ""])]
     assert [r["line"] for r in records] == [1, 2]
     first = records[0]
     assert len(first["nbest"]) == 2 and first["nbest"][0]["score"] >= first["nbest"][1]["score"]
@@ -94,15 +95,15 @@ def test_failure_midway_leaves_no_output_file(model_path, tmp_path, monkeypatch)
     write_lines(tmp_path / "in.txt", ["a b"] * 10)
     monkeypatch.setattr(tr, "CHUNK_LINES", 3)
     calls = []
-    real = tr.Translator.translate_lines
+    real = tr.translate_lines
 
-    def fail_on_second_chunk(self, lines, first_number=1):
+    def fail_on_second_chunk(translator, lines, first_number=1):
         calls.append(first_number)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(self, lines, first_number)
+        return real(translator, lines, first_number)
 
-    monkeypatch.setattr(tr.Translator, "translate_lines", fail_on_second_chunk)
+    monkeypatch.setattr(tr, "translate_lines", fail_on_second_chunk)
     result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
     assert result.exit_code != 0 and calls == [1, 4]
     assert not (tmp_path / "out.txt").exists() and not list(tmp_path.glob(".out.txt*"))
@@ -123,9 +124,8 @@ def test_options_out_of_range(model_path, args, flag):
 
 
 def test_output_formats(model_path):
-    t = translator(model_path, output_format="bpe")
-    assert t.detokenize([5, 6]) == "b c"
-    assert translator(model_path, input_format="bpe").encode("a b zz", 1) == [4, 5, 3]
+    assert translator(model_path, output_format="bpe").pipeline.text([5, 6]) == "b c"
+    assert translator(model_path, input_format="bpe").pipeline.source_ids("a b zz", 1) == [4, 5, 3]
 
 
 def test_attention_layer_out_of_range_and_mismatched_ensemble(model_path, tmp_path):
@@ -173,17 +173,17 @@ def test_arriving_chunks_hand_on_what_came_before_a_pause():
 def test_prefixed_lines_start_with_their_prefix(model_path):
     t = translator(model_path, prefix=True, output_format="bpe",
                    search=SearchConfig(beam=3, max_len_a=1, max_len_b=4))
-    out = t.translate_lines(["a b c\tn o", "p o n", "e f\t", "g h\tzzz k"])
+    out = translate_lines(t, ["a b c\tn o", "p o n", "e f\t", "g h\tzzz k"])
     assert out[0].split()[:2] == ["n", "o"]
-    assert out[1] == translator(model_path, output_format="bpe",
-                                search=SearchConfig(beam=3, max_len_a=1, max_len_b=4)).translate_lines(["p o n"])[0]
+    assert out[1] == translate_lines(translator(model_path, output_format="bpe",
+                                search=SearchConfig(beam=3, max_len_a=1, max_len_b=4)), ["p o n"])[0]
     assert out[3].split()[:2] == ["<unk>", "k"]  # an unknown word in a prefix stays where it is
 
 
 def test_a_prefix_the_vocabulary_lacks_is_warned_once_with_its_line(model_path):
     warnings = []
     t = translator(model_path, warnings, prefix=True, output_format="bpe")
-    out = t.translate_lines(["a b c\tn o", "p o n\tzzz ü k", "e f\tyyy"], first_number=7)
+    out = translate_lines(t, ["a b c\tn o", "p o n\tzzz ü k", "e f\tyyy"], first_number=7)
     assert out[1].split()[:3] == ["<unk>", "<unk>", "k"]
     assert warnings == ["warning: line 8: the prefix has 'zzz', 'ü', which the model's vocabulary lacks: forced as "
                         "<unk> (warned once)"]
@@ -212,3 +212,31 @@ def test_sampling_without_a_seed_says_the_seed_that_repeats_it(model_path):
     out, said = sampled()
     seed = said.split("sampling with --seed ")[1].split()[0]
     assert sampled("--seed", seed) == (out, "")
+
+
+def test_score_reference_prints_each_targets_log_probability(model_path):
+    from nmt_cli.translator import Translator as Api
+
+    pairs = ["a b c\tc b a", "p o n\t", "\tq", "e f g\te f g h"]
+    text = run("-m", model_path, "--score-reference", "--lenpen", 1.0, input="\n".join(pairs) + "\n")
+    assert text.exit_code == 0, text.output
+    api = Api.load(model_path, device="cpu", lenpen=1.0)
+    expected = api.score([p.split("\t")[0] for p in pairs], [p.split("\t")[1] for p in pairs])
+    assert text.stdout.splitlines() == [f"{s.log_prob:.6f}" for s in expected]
+    jsonl = run("-m", model_path, "--score-reference", "--lenpen", 1.0, "--format", "jsonl",
+                input="\n".join(pairs) + "\n")
+    records = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 4] and records[1]["tokens"] == ["</s>"]  # an empty target
+    assert records[0]["tokens"] == ["c", "b", "a", "</s>"] and len(records[0]["token_log_probs"]) == 4
+    assert records[3]["score"] == pytest.approx(expected[3].log_prob / ((5 + 5) / 6), abs=1e-5)
+
+
+@pytest.mark.parametrize("flags, stdin, code, message", [
+    (["--score-reference"], "a b\tc\nno tab here\n", 1, "line 2: --score-reference reads SOURCE<TAB>TARGET lines"),
+    (["--score-reference", "--beam", "5"], "a\tb\n", 2, "--beam applies only to translation, not with "
+                                                      "--score-reference"),
+    (["--score-reference", "--prefix"], "a\tb\n", 2, "--score-reference applies only without --prefix"),
+])
+def test_score_reference_refuses_what_it_cannot_do(model_path, flags, stdin, code, message):
+    result = run("-m", model_path, *flags, input=stdin)
+    assert result.exit_code == code and message in result.output, result.output

@@ -1,7 +1,8 @@
 """Attention on the CPU, fused kernel against written out: `python tests/benchmarks/attention_speed.py`.
 
 Times `F.scaled_dot_product_attention` and the written-out q k^T / softmax / v of
-`MultiHeadAttention.attend` (the model's own code, switched through `kernels.WRITTEN_OUT_MAX_KEYS`),
+`MultiHeadAttention.attend` with the fast paths (kernels.WrittenOutAttention, switched through
+`kernels.WRITTEN_OUT_MAX_KEYS`),
 the output projection W^O included, forward + backward and forward alone, at the shapes of a
 4,096-token batch (4 heads of 64, a key padding mask, or causal), alternating `--rounds` times.
 One JSON line per shape: the milliseconds of each and the speed-up of writing it out, per round.
@@ -50,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     select("cpu", "fp32", args.threads)
     torch.manual_seed(0)
-    attention = model_module.MultiHeadAttention(PRESETS["small"], self_attention=True)
+    attention = kernels.use_fast_paths(model_module.MultiHeadAttention(PRESETS["small"], self_attention=True))
     for batch, length in ((400, 10), (200, 20), (120, 34), (64, 64), (32, 128), (16, 256)):
         for causal in (False, True):
             for backward in (True, False):

@@ -18,24 +18,19 @@ import torch
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
 from nmt_cli.search import Hypothesis
-from nmt_cli.translate import Translator
-from nmt_cli.vocab import BOS_ID, EOS_ID
+from nmt_cli.translator import Translator
+from nmt_cli.vocab import EOS_ID
 
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
-@torch.inference_mode()
-def reference_log_probs(bundle: ModelBundle, translator: Translator, sources: list[list[int]],
+def reference_log_probs(translator: Translator, sources: list[list[int]],
                         refs: list[str]) -> list[tuple[list[int], np.ndarray]]:
     """Per reference: its target ids (BPE, EOS last) and our model's log-probability of each,
-    teacher-forced, with no search. A converted model must give the same numbers."""
-    out = []
-    for source, ref in zip(sources, refs):
-        target = bundle.tgt_vocab.encode(translator.target.encode(ref)) + [EOS_ID]
-        src = torch.tensor([source + [EOS_ID]])
-        lprobs = bundle.model(src, torch.tensor([[BOS_ID] + target[:-1]])).log_softmax(-1)[0]
-        out.append((target, lprobs.gather(-1, torch.tensor(target)[:, None]).squeeze(-1).numpy()))
-    return out
+    teacher-forced, with no search (Translator.score). A converted model must give the same numbers."""
+    targets = [translator.pipeline.target_ids(ref, k + 1, "reference") for k, ref in enumerate(refs)]
+    return [(target + [EOS_ID], np.array(scores))
+            for target, scores in zip(targets, translator.generator.score(sources, targets))]
 
 
 class HostWaits:
@@ -67,11 +62,11 @@ def timed(translator: Translator, sources: list[list[int]]) -> tuple[float, int,
     captures) are not the search's speed."""
     cuda = translator.device.type == "cuda"
     if cuda:
-        translator.translate_ids(sources[:64])
+        translator.generator.search(sources[:64], translator.config.search)
         torch.cuda.synchronize()
     start = time.perf_counter()
     with HostWaits.counting(cuda) as waits:
-        hyps = translator.translate_ids(sources)
+        hyps = translator.generator.search(sources, translator.config.search)
     if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start, waits.count, hyps
@@ -107,7 +102,7 @@ class OurSide:
         options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
         translator = Translator([bundle], options, torch.device("cpu"))
         lines = args.input.read_text(encoding="utf-8").splitlines()
-        sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
+        sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
         return cls(bundle, translator, lines, sources, args.ref.read_text(encoding="utf-8").splitlines())
 
     def figures(self, seconds: float, tokens: int, outputs: list[str]) -> dict:

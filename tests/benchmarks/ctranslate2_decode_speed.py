@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     ours = OurSide.load(args)
     source_tokens = [ours.bundle.src_vocab.decode(s) for s in ours.sources]
-    references = reference_log_probs(ours.bundle, ours.translator, ours.sources[:50], ours.refs[:50])
+    references = reference_log_probs(ours.translator, ours.sources[:50], ours.refs[:50])
     with tempfile.TemporaryDirectory() as work:
         save_ctranslate2(ours.bundle, Path(work) / "ct2")  # what `nmt export --format ctranslate2` writes
         translator = ctranslate2.Translator(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
@@ -48,7 +48,7 @@ def main() -> None:
                                              max_decoding_length=min(256, ours.bundle.model.config.max_positions - 1))
         seconds = time.perf_counter() - start
     hyps = [r.hypotheses[0] for r in results]
-    outputs = [ours.translator.target.decode(h) for h in hyps]
+    outputs = [ours.translator.pipeline.target.decode(h) for h in hyps]
     print(json.dumps({
         "benchmark": "ctranslate2_decode_speed", "ctranslate2": ctranslate2.__version__,
         "compute_type": args.compute_type, "model": str(args.model), "sentences": len(ours.lines), "beam": args.beam,

@@ -28,7 +28,7 @@ from nmt_cli import search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
 from nmt_cli.device import select
-from nmt_cli.translate import Translator
+from nmt_cli.translator import Translator
 
 
 def profiled(translator: Translator, sources: list[list[int]], path: Path) -> float | None:
@@ -38,7 +38,7 @@ def profiled(translator: Translator, sources: list[list[int]], path: Path) -> fl
     cuda = translator.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         start = time.perf_counter()
-        translator.translate_ids(sources)
+        translator.generator.search(sources, translator.config.search)
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -68,9 +68,9 @@ def main() -> None:
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize, cuda_graphs=args.cuda_graphs)
     translator = Translator([load_bundle(args.model)], options, device, dtype)
-    sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
+    sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
     seconds, waits, hyps = timed(translator, sources)
-    outputs = [translator.detokenize(h[0].tokens) if h else "" for h in hyps]
+    outputs = [translator.pipeline.text(h[0].tokens) if h else "" for h in hyps]
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
     result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
               "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": args.quantize,

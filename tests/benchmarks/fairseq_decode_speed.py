@@ -27,7 +27,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
 from nmt_cli.checkpoint import ModelBundle
-from nmt_cli.translate import batches
+from nmt_cli.generator import batches
 
 
 def fairseq_rows(weight: torch.Tensor, start_row: int | None = None) -> torch.Tensor:
@@ -102,7 +102,7 @@ def main() -> None:
     bundle, sources = ours.bundle, ours.sources
     model, vocab = to_fairseq(bundle)
 
-    references = reference_log_probs(bundle, ours.translator, sources[:50], ours.refs[:50])
+    references = reference_log_probs(ours.translator, sources[:50], ours.refs[:50])
     diffs = []  # same model? score the references with fairseq too (ids >= 2 are the same in both)
     with torch.inference_mode():
         for source, (target, mine) in zip(sources, references):
@@ -116,7 +116,8 @@ def main() -> None:
     hyps: dict[int, list[int]] = {}
     start = time.perf_counter()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    for batch in batches(order, sources, ours.translator.config):  # fairseq-generate's batching: by length, max_tokens
+    widths, config = [len(s) + 1 for s in sources], ours.translator.config
+    for batch in batches(order, widths, config.max_tokens, config.batch_size):  # fairseq-generate's: by length
         longest = max(len(sources[i]) for i in batch) + 1
         src_tokens = torch.full((len(batch), longest), vocab.pad(), dtype=torch.long)
         for row, i in enumerate(batch):  # left-padded, as fairseq's LanguagePairDataset does
@@ -126,7 +127,7 @@ def main() -> None:
         for i, result in zip(batch, generator.generate([model], sample)):
             hyps[i] = result[0]["tokens"].tolist()  # ends with </s>
     seconds = time.perf_counter() - start
-    outputs = [ours.translator.target.decode(bundle.tgt_vocab.decode(hyps[i][:-1])) for i in range(len(sources))]
+    outputs = [ours.translator.pipeline.text(hyps[i][:-1]) for i in range(len(sources))]
     print(json.dumps({
         "benchmark": "fairseq_decode_speed", "fairseq": "0.12.2", "model": str(args.model), "sentences": len(sources),
         "beam": args.beam, "threads": args.threads, "max_token_logprob_difference": round(max(diffs), 5),

@@ -21,11 +21,11 @@ import sacrebleu
 from common import decoding_arguments, timed
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt_cli import graphs, search
+from nmt_cli import decoding, graphs, search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
 from nmt_cli.device import select
-from nmt_cli.translate import Translator
+from nmt_cli.translator import Translator
 
 VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "unsqueeze", "squeeze", "expand", "expand_as", "alias",
          "t", "transpose", "permute", "split", "split_with_sizes", "unflatten", "flatten", "as_strided", "detach",
@@ -48,14 +48,14 @@ class Operations(TorchDispatchMode):
 
 def operations_per_step(translator: Translator, sources: list[list[int]]) -> dict[str, float]:
     """Operations per step of the search (from its first step to its results), decoder and rest."""
-    model, steps, mode = translator.models.models[0], [0], Operations()
-    step_output, hypotheses = model.step_output, search.Finished.hypotheses
+    steps, mode = [0], Operations()
+    step_output, hypotheses = decoding.step_output, search.Finished.hypotheses
 
-    def counted_step(tokens, state):
+    def counted_step(model, tokens, state):
         steps[0] += 1
         mode.where = "decoder"
         try:
-            return step_output(tokens, state)
+            return step_output(model, tokens, state)
         finally:
             mode.where = "rest"
 
@@ -63,19 +63,18 @@ def operations_per_step(translator: Translator, sources: list[list[int]]) -> dic
         mode.where = None
         return hypotheses(self, nbest)
 
-    model.step_output, search.Finished.hypotheses = counted_step, results
+    decoding.step_output, search.Finished.hypotheses = counted_step, results
     try:
         with mode:
-            translator.translate_ids(sources)
+            translator.generator.search(sources, translator.config.search)
     finally:
-        del model.step_output
-        search.Finished.hypotheses = hypotheses
+        decoding.step_output, search.Finished.hypotheses = step_output, hypotheses
     return {where: round(count / steps[0], 1) for where, count in mode.counts.items()}
 
 
 def translate(translator: Translator, sources: list[list[int]]) -> tuple[float, list[str]]:
     seconds, _, hyps = timed(translator, sources)
-    return seconds, [translator.detokenize(h[0].tokens) if h else "" for h in hyps]
+    return seconds, [translator.pipeline.text(h[0].tokens) if h else "" for h in hyps]
 
 
 def main() -> None:
@@ -94,18 +93,18 @@ def main() -> None:
     lines = args.input.read_text(encoding="utf-8").splitlines()[: args.lines]
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
     translator = Translator([load_bundle(args.model)], options, device, dtype)
-    sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
-    growing = translator.models
+    sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
+    growing = translator.generator.models
     seconds, outputs = translate(translator, sources)
     operations = operations_per_step(translator, sources)
-    translator.models = translator.generator.models = search.Ensemble(growing.models, graphs=True)
+    translator.generator.models = search.Ensemble(growing.models, graphs=True)
     graph_seconds, graph_outputs = translate(translator, sources)
     result = {"benchmark": "graph_check", "model": str(args.model), "sentences": len(lines), "device": str(device),
               "dtype": str(dtype).removeprefix("torch."), "replayed": args.replayed,
               "same_lines": sum(a == b for a, b in zip(outputs, graph_outputs)),
               "seconds": round(seconds, 2), "graph_seconds": round(graph_seconds, 2),
               "operations_per_step": operations,
-              "decoders": [list(shape) for shape in translator.models.graphs[0].decoders]}
+              "decoders": [list(shape) for shape in translator.generator.models.graphs[0].decoders]}
     if args.ref:
         refs = args.ref.read_text(encoding="utf-8").splitlines()[: args.lines]
         result["bleu"] = round(sacrebleu.corpus_bleu(outputs, [refs]).score, 2)

@@ -35,7 +35,8 @@ def one_run(device: str) -> dict:
     from nmt_cli import checkpoint as ckpt
     from nmt_cli.config import SearchConfig, TranslateConfig
     from nmt_cli.train import TrainingRun
-    from nmt_cli.translate import Translator
+    from nmt_cli.translate import translate_lines
+    from nmt_cli.translator import Translator
 
     rng = random.Random(12345)
     inputs = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 10))) for _ in range(200)]
@@ -50,7 +51,7 @@ def one_run(device: str) -> dict:
             for quantize in (None, "int8"):
                 translator = Translator([ckpt.load_bundle(tmp / f"ck/checkpoint_{name}.pt")],
                                         TranslateConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
-                outputs = translator.translate_lines(inputs)
+                outputs = translate_lines(translator, inputs)
                 exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
                 bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score
                 result[f"{name}_{quantize or 'fp32'}"] = [round(exact, 3), round(bleu, 1)]

@@ -24,6 +24,7 @@ from pathlib import Path
 import sacrebleu
 
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.savedir import numbered
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ def nmt(*args: object) -> None:
 
 
 def evaluate(work: Path, minutes: float, threads: int, ema: bool) -> dict:
-    found = [(ckpt.load(path)["progress"]["elapsed_s"], n, path) for n, path in ckpt.numbered(work / "ckpt")]
+    found = [(ckpt.load(path)["progress"]["elapsed_s"], n, path) for n, path in numbered(work / "ckpt")]
     within = [(n, path) for elapsed, n, path in found if elapsed <= minutes * 60 + 1]
     result: dict = {"benchmark": "quality_multi30k", "minutes": minutes, "updates": within[-1][0],
                     "averaged": [n for n, _ in within[-5:]]}

@@ -5,7 +5,7 @@ POST /translate requests of `--sentences` consecutive lines of the input (defaul
 test_2016_flickr.en) with a real HTTP client (urllib, one thread per client), and prints one JSON
 line per level: requests/s, sentences/s, p50/p99 latency, the server's searches per request (how
 much it batched), and the ratio of its sentences/s to translating the same sentences in one
-`nmt translate`-style call (Translator.translate_lines, in this process, same threads). Bounded:
+`nmt translate`-style call (translate.translate_lines, in this process, same threads). Bounded:
 it stops after the requests. Server and clients share the machine's cores.
 """
 
@@ -29,7 +29,8 @@ from common import SHARED
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
 from nmt_cli.device import select
-from nmt_cli.translate import Translator
+from nmt_cli.translate import translate_lines
+from nmt_cli.translator import Translator
 
 
 def post(url: str, lines: list[str]) -> float:
@@ -74,7 +75,7 @@ def main() -> None:
     device, _ = select("cpu", "fp32", args.threads)
     translator = Translator([load_bundle(args.model)], TranslateConfig(SearchConfig()), device)
     start = time.perf_counter()
-    translator.translate_lines([line for body in bodies for line in body])
+    translate_lines(translator, [line for body in bodies for line in body])
     file_rate = args.requests * args.sentences / (time.perf_counter() - start)
     del translator
     torch.set_num_threads(1)  # the clients need little; the server has its own threads

@@ -33,7 +33,8 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
     from nmt_cli.checkpoint import load_bundle
     from nmt_cli.config import TranslateConfig
     from nmt_cli.device import select
-    from nmt_cli.translate import Translator
+    from nmt_cli.translate import translate_lines
+    from nmt_cli.translator import Translator
 
     mark("import_nmt_cli")
     config = TranslateConfig(device=device, cuda_graphs=cuda_graphs)
@@ -43,7 +44,7 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
     mark("load_checkpoint")
     translator = Translator([bundle], config, torch_device, dtype)
     mark("build_translator")
-    translator.translate_lines(source.read_text(encoding="utf-8").splitlines())
+    translate_lines(translator, source.read_text(encoding="utf-8").splitlines())
     mark("translate")
     return {name: round(t - marks[i][1], 3) for i, (name, t) in enumerate(marks[1:])}
 

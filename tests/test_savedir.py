@@ -5,12 +5,12 @@ import random
 import pytest
 import torch
 
-from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import PRESETS
-from nmt_cli.checkpointer import Checkpointer, rng_state, set_rng_state
 from nmt_cli.config import TextConfig
+from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
+from nmt_cli.savedir import SaveDir, rng_state, set_rng_state
 from nmt_cli.trainer import Runtime
 from nmt_cli.vocab import PAD_ID, Vocabulary
 
@@ -29,7 +29,7 @@ def contents(model):
 
 def test_save_links_prunes_and_resumes_the_weights(tmp_path):
     model = tiny()
-    saver = Checkpointer(tmp_path, Runtime(torch.device("cpu"), torch.float32), 2, (VOCAB, VOCAB))
+    saver = SaveDir(tmp_path, Runtime(torch.device("cpu"), torch.float32), 2, (VOCAB, VOCAB))
     for updates in (1, 2, 3):
         saver.save(updates, best=updates == 2, contents=contents(model))
     assert sorted(p.name for p in tmp_path.glob("checkpoint_*.pt")) == [
@@ -42,7 +42,7 @@ def test_save_links_prunes_and_resumes_the_weights(tmp_path):
 
 
 def test_resume_refuses_another_model_naming_the_field(tmp_path):
-    saver = Checkpointer(tmp_path, Runtime(torch.device("cpu"), torch.float32), 0, (VOCAB, VOCAB))
+    saver = SaveDir(tmp_path, Runtime(torch.device("cpu"), torch.float32), 0, (VOCAB, VOCAB))
     assert saver.resume(tiny()) is None  # nothing to resume from
     saver.save(1, best=False, contents=contents(tiny()))
     with pytest.raises(NmtError, match=r"model config differs \(d_ff: 32 in the checkpoint, 64 now\)"):

@@ -1,11 +1,15 @@
-"""A training run's checkpoints: saving them (`checkpoint_N.pt`, with checkpoint_last.pt and
-checkpoint_best.pt as links, the newest --keep-last kept) and what a run starts from: the last
-checkpoint of its save directory, checked against the model and data it would continue, or the
-weights of --init-from. A checkpoint holds every RNG state, so stop + resume equals one run."""
+"""A training run's save directory: its numbered checkpoints (`checkpoint_N.pt`, with
+checkpoint_last.pt and checkpoint_best.pt as links, the newest --keep-last kept, checkpoint_ema.pt
+with --ema-decay), the RNG states they hold (so stop + resume equals one run), and what a run
+starts from: the last checkpoint, checked against the model and data it would continue, or the
+weights of --init-from. What a checkpoint is: checkpoint.py."""
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,11 +18,43 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nmt_cli import NmtError
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.errors import NmtError
+from nmt_cli.files import replacing
 from nmt_cli.model import Transformer
 from nmt_cli.trainer import Runtime
 from nmt_cli.vocab import Vocabulary
+
+NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
+
+
+def numbered(save_dir: Path) -> list[tuple[int, Path]]:
+    """`checkpoint_N.pt` files of a save directory, by update number N."""
+    found = [(int(m.group(1)), p) for p in Path(save_dir).glob("checkpoint_*.pt") if (m := NUMBERED.search(p.name))]
+    return sorted(found)
+
+
+def prune(save_dir: Path, keep_last: int) -> None:
+    """Remove numbered checkpoints beyond the newest `keep_last`."""
+    for _, path in numbered(save_dir)[:-keep_last] if keep_last > 0 else []:
+        path.unlink(missing_ok=True)
+
+
+def last_checkpoints(save_dir: Path, n: int) -> list[Path]:
+    """The `n` numbered checkpoints of `save_dir` with the highest update numbers."""
+    found = numbered(save_dir)
+    if len(found) < n:
+        raise NmtError(f"{save_dir}: {len(found)} numbered checkpoint(s) found, fewer than --last {n}")
+    return [path for _, path in found[-n:]]
+
+
+def link(source: Path, target: Path) -> None:
+    """Make `target` the same file as `source` (hard link, or copy), atomically."""
+    with replacing(target, "checkpoint") as tmp:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
 
 
 def rng_state() -> dict[str, Any]:
@@ -41,8 +77,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
-class Checkpointer:
-    """The checkpoints of one save directory, for a model and its vocabularies."""
+class SaveDir:
+    """The checkpoints of one training run's save directory, for a model and its vocabularies."""
 
     def __init__(self, save_dir: Path, runtime: Runtime, keep_last: int, vocabularies: tuple[Vocabulary, Vocabulary]):
         self.save_dir, self.runtime, self.keep_last = Path(save_dir), runtime, keep_last
@@ -93,10 +129,10 @@ class Checkpointer:
             return
         path = self.save_dir / f"checkpoint_{updates}.pt"
         ckpt.save({**contents(), "rng": states}, path)
-        ckpt.link(path, self.last)
+        link(path, self.last)
         if averaged is not None:
             path = self.save_dir / "checkpoint_ema.pt"
             ckpt.save(averaged(), path)
         if best:
-            ckpt.link(path, self.save_dir / "checkpoint_best.pt")
-        ckpt.prune(self.save_dir, self.keep_last)
+            link(path, self.save_dir / "checkpoint_best.pt")
+        prune(self.save_dir, self.keep_last)

@@ -1,0 +1,85 @@
+"""One model's way between text and token ids, in one place: a source line (raw text, or BPE
+tokens with input format `bpe`) to source ids, a target prefix or reference to target ids, each
+cut to the model's positions with a warning that names the line, and output ids back to text
+(detokenized), to tokens (BPE joined) or to BPE as produced."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from nmt_cli.checkpoint import ModelBundle
+from nmt_cli.text import TextProcessor
+from nmt_cli.vocab import EOS_ID, UNK, UNK_ID
+
+INPUT_FORMATS = ("raw", "bpe")
+OUTPUT_FORMATS = ("text", "tokens", "bpe")
+
+
+class TextPipeline:
+    """`bundle`'s text settings, subword model and vocabularies, for a model of `max_positions`."""
+
+    def __init__(self, bundle: ModelBundle, max_positions: int, input_format: str = "raw",
+                 output_format: str = "text", warn: Callable[[str], None] = print) -> None:
+        self.bundle, self.max_positions, self.warn = bundle, max_positions, warn
+        self.input_format, self.output_format = input_format, output_format
+        self.src_vocab, self.tgt_vocab = bundle.src_vocab, bundle.tgt_vocab
+        text, codes = bundle.text, bundle.bpe_codes if input_format == "raw" else None
+        self.source = TextProcessor(text, text.source_lang, codes, bundle.sentencepiece)
+        self.target = TextProcessor(text, text.target_lang, None, bundle.sentencepiece)  # detokenizes
+        self.unknown_target = False  # a prefix or reference held tokens the vocabulary lacks (warned once)
+
+    @functools.cached_property
+    def target_encoder(self) -> TextProcessor:
+        """The target side's way in (prefixes, references): made when first needed, as BPE codes
+        take a while to read."""
+        text = self.bundle.text
+        codes = self.bundle.bpe_codes if self.input_format == "raw" else None
+        return TextProcessor(text, text.target_lang, codes, self.bundle.sentencepiece)
+
+    def source_ids(self, line: str, number: int) -> list[int]:
+        """The source ids of a line (none for a blank one), at most the model's positions less EOS."""
+        if not line.strip():
+            return []
+        tokens = self.source.encode(line) if self.input_format == "raw" else line.split()
+        return self._cut(self.src_vocab.encode(tokens), self.max_positions - 1, number, "tokens", "translating")
+
+    def target_ids(self, line: str, number: int, what: str = "prefix") -> list[int]:
+        """The target ids of a `prefix` (room left for EOS and a token) or a `reference` (for EOS)."""
+        if not line.strip():
+            return []
+        tokens = self.target_encoder.encode(line) if self.input_format == "raw" else line.split()
+        ids = self.tgt_vocab.encode(tokens)
+        if not self.unknown_target and UNK_ID in ids:
+            unknown = [t for t, i in zip(tokens, ids) if i == UNK_ID and t != UNK]
+            if unknown:
+                forced = "forced" if what == "prefix" else "scored"
+                self.warn(f"warning: line {number}: the {what} has {', '.join(map(repr, unknown[:3]))}, which the "
+                          f"model's vocabulary lacks: {forced} as <unk> (warned once)")
+                self.unknown_target = True
+        limit = self.max_positions - (2 if what == "prefix" else 1)
+        return self._cut(ids, limit, number, f"{what} tokens", "keeping" if what == "prefix" else "scoring")
+
+    def _cut(self, ids: list[int], limit: int, number: int, what: str, doing: str) -> list[int]:
+        if len(ids) > limit:
+            self.warn(f"warning: line {number}: {len(ids)} {what}, more than the model's {limit}; {doing} the "
+                      f"first {limit}")
+            return ids[:limit]
+        return ids
+
+    def text(self, ids: list[int]) -> str:
+        """Output ids in the output format: detokenized text, tokens (BPE joined) or BPE."""
+        tokens = self.tgt_vocab.decode(ids)
+        if self.output_format == "text":
+            return self.target.decode(tokens)
+        if self.output_format == "tokens":
+            return " ".join(self.target.join_subwords(tokens))
+        return " ".join(tokens)
+
+    def tokens(self, ids: list[int]) -> list[str]:
+        """The subword tokens of target ids."""
+        return self.tgt_vocab.decode(ids)
+
+    def labels(self, source: list[int], output: list[int]) -> tuple[list[str], list[str]]:
+        """Axis labels of attention: source and output subwords, each ending in </s>."""
+        return self.src_vocab.decode(source + [EOS_ID]), self.tgt_vocab.decode(output + [EOS_ID])

@@ -1,0 +1,141 @@
+"""Translation from Python (`from nmt_cli import Translator`): a trained model, or an ensemble,
+with its text pipeline. It composes the layers that `nmt translate` and `nmt serve` use too:
+token ids searched by a Generator (generator.py), text by a TextPipeline (pipeline.py),
+results as records (records.py).
+
+    translator = Translator.load("avg.pt")
+    translator.translate(["A man rides a bike."])                  # ['Ein Mann fährt Fahrrad.']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.checkpoint import ModelBundle, load_bundle
+from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.device import select
+from nmt_cli.errors import NmtError
+from nmt_cli.generator import Generator
+from nmt_cli.lines import chunks
+from nmt_cli.options import check_applies
+from nmt_cli.pipeline import TextPipeline
+from nmt_cli.records import Scored, Translation
+from nmt_cli.search import Hypothesis, length_penalty
+from nmt_cli.vocab import BOS_ID, EOS_ID
+
+CHUNK_LINES = 4096  # lines searched together: sorted by length, then batched by tokens
+# What Translator.load takes besides search options (the rest of TranslateConfig is `nmt translate`'s output).
+LOAD_OPTIONS = ("device", "precision", "threads", "quantize", "cuda_graphs", "max_tokens", "batch_size",
+                "input_format", "output_format")
+
+
+class Translator:
+    """A model (or an ensemble: their probabilities averaged at each step) with its text
+    pipeline. `config` holds the defaults of every call; `warn` takes the warnings (stderr)."""
+
+    def __init__(self, bundles: list[ModelBundle], config: TranslateConfig, device: torch.device,
+                 dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None) -> None:
+        first = bundles[0]
+        for other in bundles[1:]:
+            if other.tgt_vocab != first.tgt_vocab or other.src_vocab != first.src_vocab:
+                raise NmtError("ensemble members must share their vocabularies")
+        self.config, self.device, self.bundle = config, device, first
+        self.warn = warn or (lambda message: print(message, file=sys.stderr))
+        self.generator = Generator([b.model for b in bundles], device, dtype, max_tokens=config.max_tokens,
+                                   batch_size=config.batch_size, never=first.tgt_vocab.fillers,
+                                   graphs=config.cuda_graphs, quantize=config.quantize, seed=config.search.seed,
+                                   warn=self.warn)
+        self.pipeline = TextPipeline(first, self.generator.models.max_positions, config.input_format,
+                                     config.output_format, self.warn)
+
+    @classmethod
+    def load(cls, *paths: str | Path, warn: Callable[[str], None] | None = None, **options: Any) -> Translator:
+        """The model of a checkpoint or `nmt export` safetensors file (several: an ensemble).
+        `options`: device ("auto": CUDA when there is one), precision, threads, quantize ("int8"),
+        cuda_graphs, max_tokens, batch_size, input_format, output_format, and any search option
+        (beam, lenpen, ...: the defaults of every call)."""
+        if not paths:
+            raise TypeError("Translator.load() needs the path of at least one checkpoint")
+        unknown = sorted(set(options) - set(LOAD_OPTIONS) - {f.name for f in dataclasses.fields(SearchConfig)})
+        if unknown:
+            raise TypeError(f"Translator.load() got an unexpected option {unknown[0]!r}")
+        search = {key: value for key, value in options.items() if key not in LOAD_OPTIONS}
+        try:
+            config = TranslateConfig(search=SearchConfig(**search), **{k: options[k] for k in LOAD_OPTIONS
+                                                                       if k in options})
+            check_applies(config.search, search, name=lambda f: f.name)
+        except ValueError as e:
+            raise NmtError(str(e)) from None
+        device, dtype = select(config.device, config.precision, config.threads)
+        return cls([load_bundle(Path(path)) for path in paths], config, device, dtype, warn)
+
+    def search_config(self, **search: Any) -> SearchConfig:
+        """The configured search options with `search` given for one call (checked as flags are)."""
+        try:
+            config = dataclasses.replace(self.config.search, **search)
+            check_applies(config, search, name=lambda f: f.name)
+        except ValueError as e:
+            raise NmtError(str(e)) from None
+        return config
+
+    def translate(self, lines: list[str], prefixes: list[str] | None = None, **search: Any) -> list[str]:
+        """The best translation of each line (an empty line: an empty one), each starting with its
+        prefix when given; `search`: beam, lenpen, max_len_a, sampling, seed, ... for this call."""
+        return [nbest[0].text if nbest else "" for nbest in self.hypotheses(lines, prefixes, **search)]
+
+    def hypotheses(self, lines: list[str], prefixes: list[str] | None = None,
+                   **search: Any) -> list[list[Translation]]:
+        """Each line's `nbest` translations (or samples), best first, with their scores."""
+        _, found = self.search(lines, self.search_config(**search), prefixes, reseed="seed" in search)
+        return [[self.translation(h) for h in hyps] for hyps in found]
+
+    def translate_iter(self, lines: Iterable[str], chunk_lines: int = CHUNK_LINES, **search: Any) -> Iterator[str]:
+        """The best translation of each line of an iterable of any length (a file, say), in order,
+        holding `chunk_lines` lines at a time."""
+        config = self.search_config(**search)
+        count = 0
+        for chunk in chunks((line.rstrip("\n") for line in lines), chunk_lines):
+            _, found = self.search(chunk, config, first_number=count + 1, reseed="seed" in search and count == 0)
+            yield from (self.pipeline.text(hyps[0].tokens) if hyps else "" for hyps in found)
+            count += len(chunk)
+
+    def score(self, sources: list[str], targets: list[str], first_number: int = 1) -> list[Scored]:
+        """The model's log-probability of each target given its source (fairseq's
+        --score-reference, CTranslate2's score_batch): to filter a corpus, or rerank."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        source_ids = [self.pipeline.source_ids(line, first_number + k) for k, line in enumerate(sources)]
+        target_ids = [self.pipeline.target_ids(line, first_number + k, "reference") for k, line in enumerate(targets)]
+        lenpen = self.config.search.lenpen
+        return [Scored(sum(scores), sum(scores) / length_penalty(len(scores), lenpen),
+                       self.pipeline.tokens(ids) + ["</s>"], scores)
+                for ids, scores in zip(target_ids, self.generator.score(source_ids, target_ids))]
+
+    def search(self, lines: list[str], config: SearchConfig, prefixes: list[str] | None = None,
+               first_number: int = 1, reseed: bool = False) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+        """The source ids of `lines` and their hypotheses; lines are numbered from `first_number`
+        in warnings. Samples continue the translator's random stream, or with `reseed`, start one
+        from `config.seed` (a seed given for one call repeats its samples)."""
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise ValueError(f"{len(lines)} lines but {len(prefixes)} prefixes")
+        sources = [self.pipeline.source_ids(line, first_number + k) for k, line in enumerate(lines)]
+        forced = None if prefixes is None else [self.pipeline.target_ids(prefix, first_number + k)
+                                                for k, prefix in enumerate(prefixes)]
+        return sources, self.generator.search(sources, config, forced, reseed)
+
+    def translation(self, hypothesis: Hypothesis) -> Translation:
+        return Translation(self.pipeline.text(hypothesis.tokens), self.pipeline.tokens(hypothesis.tokens),
+                           hypothesis.score, hypothesis.log_prob)
+
+    def attention(self, source: list[int], output: list[int]) -> dict[str, list[torch.Tensor]]:
+        """Every attention distribution of the first model on (source, its translation)."""
+        model = self.generator.models.models[0]
+        src = torch.tensor([source + [EOS_ID]], device=self.device)
+        tgt_in = torch.tensor([[BOS_ID] + output], device=self.device)
+        return model.attention_weights(src, tgt_in)

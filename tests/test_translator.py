@@ -1,0 +1,108 @@
+"""The Python API: `Translator.load(path).translate(lines)` answers as `nmt translate` does; n-best,
+prefixes, sampling, iteration in bounded memory, and scores of given targets that equal the
+log-probabilities the search gives its hypotheses."""
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import tiny_checkpoint
+
+from nmt_cli import NmtError, Translator
+from nmt_cli.cli import main
+
+LINES = ["a b c d", "", "p o n m l k", "e", "f g h i j k l m n o p a b c", "c c c", "h a"]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("api") / "m.pt", seed=3)
+
+
+def cli(model_path, *flags, lines=LINES):
+    result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--device", "cpu", *map(str, flags)],
+                                input="".join(line + "\n" for line in lines))
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+def test_translate_answers_as_the_command_line_does(model_path):
+    translator = Translator.load(model_path, device="cpu")
+    assert translator.translate(LINES) == cli(model_path)
+    assert translator.translate(LINES, beam=2, lenpen=1.0, max_len_b=5) == cli(model_path, "--beam", 2, "--lenpen", 1,
+                                                                                "--max-len-b", 5)
+    ensemble = Translator.load(model_path, model_path, device="cpu", beam=3)  # search defaults at load
+    assert ensemble.translate(LINES) == cli(model_path, "-m", model_path, "--beam", 3)
+
+
+def test_hypotheses_come_best_first_with_their_scores(model_path):
+    nbest = Translator.load(model_path, device="cpu").hypotheses(LINES, beam=4, nbest=3)
+    assert [len(n) for n in nbest] == [3, 0, 3, 3, 3, 3, 3]
+    for hypotheses in nbest:
+        assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
+        assert all(h.text == " ".join(h.tokens) and h.log_prob <= 0 for h in hypotheses)
+
+
+def test_prefixes_and_seeded_samples(model_path):
+    translator = Translator.load(model_path, device="cpu")
+    out = translator.translate(["a b c", "p o n"], prefixes=["n o", ""])
+    assert out[0].split()[:2] == ["n", "o"] and out[1] == translator.translate(["p o n"])[0]
+    samples = [translator.hypotheses(LINES, sampling=True, nbest=3, seed=5, max_len_b=6) for _ in range(2)]
+    assert samples[0] == samples[1] and len(samples[0][0]) == 3
+    assert [[h.text for h in n] for n in samples[0]] == [[r["text"] for r in n] for n in cli_nbest(
+        model_path, "--sampling", "--nbest", 3, "--seed", 5, "--max-len-b", 6)]
+
+
+def cli_nbest(model_path, *flags):
+    import json
+
+    return [json.loads(line)["nbest"] for line in cli(model_path, "--format", "jsonl", *flags)]
+
+
+def test_options_are_checked_as_flags_are(model_path):
+    translator = Translator.load(model_path, device="cpu")
+    for options, message in [({"beam": 0}, "beam=0: must be >= 1"), ({"lenpen": float("nan")}, "finite"),
+                             ({"seed": 3}, "seed applies only with --sampling"),
+                             ({"sampling": True, "beam": 5}, "beam applies only to beam search")]:
+        with pytest.raises(NmtError, match=message):
+            translator.translate(["a b"], **options)
+    with pytest.raises(TypeError):
+        translator.translate(["a b"], bean=4)
+    with pytest.raises(TypeError, match="unexpected option 'format'"):
+        Translator.load(model_path, format="jsonl")
+    with pytest.raises(NmtError, match="no such checkpoint"):
+        Translator.load(model_path.parent / "missing.pt")
+
+
+def test_iteration_translates_any_number_of_lines_a_chunk_at_a_time(model_path, monkeypatch):
+    translator = Translator.load(model_path, device="cpu", beam=2, max_len_a=0, max_len_b=3)
+    searched, search = [], translator.generator.search
+    monkeypatch.setattr(translator.generator, "search", lambda sources, *args: searched.append(len(sources)) or
+                        search(sources, *args))
+    lines = (line for _ in range(5) for line in LINES)  # a generator: never a list in memory
+    assert list(translator.translate_iter(lines, chunk_lines=4)) == translator.translate(LINES * 5)
+    assert searched[:-1] == [4] * 8 + [3]  # 35 lines in chunks of 4, then all of them at once
+
+
+def test_scores_of_given_targets_are_the_searchs_log_probabilities(model_path):
+    translator = Translator.load(model_path, device="cpu", input_format="bpe", output_format="bpe", lenpen=0.6)
+    sources = [line for line in LINES if line]
+    best = [n[0] for n in translator.hypotheses(sources, beam=4)]
+    scored = translator.score(sources, [h.text for h in best])
+    for hypothesis, s in zip(best, scored):
+        assert s.tokens == hypothesis.tokens + ["</s>"] and len(s.token_log_probs) == len(s.tokens)
+        assert s.log_prob == pytest.approx(hypothesis.log_prob, abs=1e-4) == pytest.approx(sum(s.token_log_probs))
+        assert s.score == pytest.approx(hypothesis.score, abs=1e-4)
+    ensemble = Translator.load(model_path, model_path, device="cpu", input_format="bpe", output_format="bpe")
+    assert [s.log_prob for s in ensemble.score(sources, [h.text for h in best])] == pytest.approx(
+        [s.log_prob for s in scored], abs=1e-5)
+    with pytest.raises(ValueError, match="2 sources but 1 targets"):
+        translator.score(["a", "b"], ["c"])
+
+
+def test_scores_come_in_batches_as_the_device_allows(model_path):
+    translator = Translator.load(model_path, device="cpu", max_tokens=6)  # a few pairs per batch
+    sources, targets = LINES * 3, list(reversed(LINES)) * 3
+    alone = [Translator.load(model_path, device="cpu").score([s], [t])[0].token_log_probs
+             for s, t in zip(sources, targets)]
+    batched = [s.token_log_probs for s in translator.score(sources, targets)]
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(alone, batched))
