@@ -234,7 +234,11 @@ def _weight_problem(tensor: Any, wanted: torch.Tensor | None, summed: set[int]) 
 
 def load_bundle(path: Path) -> ModelBundle:
     """A model ready for inference (eval mode, CPU) with its text pipeline."""
-    checkpoint = _read(Path(path))
+    return bundle_of(_read(Path(path)), path)
+
+
+def bundle_of(checkpoint: dict[str, Any], path: Path) -> ModelBundle:
+    """The model (its weights those of `checkpoint`, read from `path`) and text pipeline."""
     model = checked_model(checkpoint, path)
     model.load_state_dict(checkpoint["model"], assign=True)
     model.tie_weights()  # assigned, the projection's weight is a tensor of its own: the embedding's again
@@ -271,6 +275,8 @@ def average(paths: list[Path]) -> dict[str, Any]:
     averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
                 for k, v in total.items()}
     result = {key: first.get(key) for key in ("format_version", "nmt_cli_version", *keys)}
+    if "data" in first:  # what the model was trained on (kept, not compared)
+        result["data"] = first["data"]
     result["model"] = averaged
     result["averaged_from"] = [{"path": str(p), "updates": u} for p, u in zip(paths, updates)]
     return result

@@ -223,26 +223,33 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
 @main.command()
 @click.option("-m", "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Checkpoint to export.")
-@click.option("--format", "fmt", type=click.Choice(["ctranslate2", "safetensors"]), required=True,
-              help="ctranslate2: a CTranslate2 model directory (needs ctranslate2); safetensors: one file.")
+@click.option("--format", "fmt", type=click.Choice(["ctranslate2", "transformers", "safetensors"]), required=True,
+              help="ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a Hugging Face "
+                   "MarianMTModel directory with its tokenizer and a model card (needs transformers; "
+                   "SentencePiece models); safetensors: one file.")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-              help="Directory (ctranslate2) or .safetensors file.")
+              help="Directory (ctranslate2, transformers) or .safetensors file.")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="float32", show_default=True,
               help="ctranslate2: store the weights in this type.")
 def export(model: Path, fmt: str, output: Path, quantization: str | None) -> None:
-    """Export a checkpoint to CTranslate2 or safetensors.
+    """Export to CTranslate2, transformers or safetensors.
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
     from nmt_cli.checkpoint import load, load_bundle, save_safetensors
-    from nmt_cli.export import save_ctranslate2
 
+    if fmt != "ctranslate2" and "quantization" in given_flags():
+        raise click.UsageError("--quantization applies only to --format ctranslate2")
     if fmt == "safetensors":
-        if "quantization" in given_flags():
-            raise click.UsageError("--quantization applies only to --format ctranslate2")
         if output.suffix != ".safetensors":
             raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
         save_safetensors(load(model), output)
+    elif fmt == "transformers":
+        from nmt_cli.marian import save_transformers
+
+        save_transformers(load(model), model, output)
     else:
+        from nmt_cli.export import save_ctranslate2
+
         save_ctranslate2(load_bundle(model), output, quantization)
     click.echo(f"exported {model} to {output} ({fmt})", err=True)
 

@@ -2,8 +2,10 @@
 directory (the field's production inference engine: CPU int8, GPU float16, C++ and Python APIs)
 with the same weights, every architecture nmt-cli trains (post- and pre-norm, sinusoidal and
 learned positions, joint and separate vocabularies); beside it the BPE codes or SentencePiece
-model and `nmt-cli.json`, which says how to turn text into the model's tokens and back. (A
-safetensors file is a checkpoint format: checkpoint.py.)
+model and `nmt-cli.json`, which says how to turn text into the model's tokens and back. The
+directory is written whole or not at all, and replaces only an earlier export (`write_export`,
+shared with marian.py's transformers export). (A safetensors file is a checkpoint format:
+checkpoint.py.)
 """
 
 from __future__ import annotations
@@ -57,14 +59,17 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
 
     def write(tmp: Path) -> None:
         spec.save(str(tmp))
-        _text_files(bundle, tmp)
+        text_files(bundle, tmp)
 
-    _write_directory(out, write)
+    write_export(out, write)
 
 
-# What an export writes: a directory holding only these (and nmt-cli.json) is an earlier export.
+# What an export writes (CTranslate2's, transformers' in marian.py): a directory holding only these
+# (and nmt-cli.json) is an earlier export.
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
-                "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json"}
+                "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json", "model.safetensors",
+                "generation_config.json", "source.spm", "target.spm", "vocab.json", "target_vocab.json",
+                "tokenizer_config.json", "README.md"}
 
 
 def _check_destination(out: Path) -> None:
@@ -81,7 +86,7 @@ def _check_destination(out: Path) -> None:
                        "--output or empty it")
 
 
-def _write_directory(out: Path, write: Callable[[Path], None]) -> None:
+def write_export(out: Path, write: Callable[[Path], None]) -> None:
     """`write` the export where it replaces only an earlier export (files.write_directory)."""
     out = Path(os.path.abspath(out))  # `-o .` has no name to put a temporary beside
     write_directory(out, "model directory", write, lambda: _check_destination(out))
@@ -122,7 +127,7 @@ def _ffn(spec: Any, ffn: Any, norm: torch.nn.LayerNorm) -> None:
     _norm(spec.layer_norm, norm)
 
 
-def _text_files(bundle: ModelBundle, out: Path) -> None:
+def text_files(bundle: ModelBundle, out: Path) -> None:
     """The subword model and `nmt-cli.json`: how text becomes the model's tokens and back."""
     text = bundle.text
     if bundle.bpe_codes is not None:
@@ -143,5 +148,6 @@ def _text_files(bundle: ModelBundle, out: Path) -> None:
     about = {"text_config": text.to_dict(), "steps": steps, "model_config": bundle.model.config.to_dict(),
              "search": {"beam_size": search.beam, "length_penalty": search.lenpen,
                         "max_decoding_length": bundle.model.config.max_positions - 1,
-                        "note": "nmt-cli divides scores by ((5 + |Y|) / 6)^alpha (GNMT); CTranslate2 by |Y|^alpha"}}
+                        "note": "nmt-cli divides scores by ((5 + |Y|) / 6)^alpha (GNMT); CTranslate2 and "
+                                "transformers by |Y|^alpha"}}
     (out / "nmt-cli.json").write_text(json.dumps(about, indent=2) + "\n", encoding="utf-8")

@@ -46,6 +46,7 @@ class Progress:
     best_valid_bleu: float = -1.0
     best_valid_chrf: float = -1.0
     best_valid_ter: float = math.inf
+    bleu_signature: str = ""  # sacreBLEU's, of the --eval-bleu scores
     bad_validations: int = 0
     nonfinite_skips: int = 0
     oom_skips: int = 0

@@ -19,7 +19,7 @@ import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from nmt_cli.savedir import SaveDir, set_rng_state
 from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
+if TYPE_CHECKING:
+    from nmt_cli.score import Score
+
 MAX_SKIPS_IN_A_ROW = 5
 
 
@@ -58,10 +61,10 @@ def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelDat
 
 
 def valid_scores(model: Transformer, pipeline: TextPipeline, valid: ParallelData, config: TrainConfig,
-                 device: torch.device) -> dict[str, float]:
+                 device: torch.device) -> list[Score]:
     """sacreBLEU, chrF and TER of the valid split translated with beam search (--eval-bleu);
     references are the detokenized binarized targets (so an <unk> in a reference counts as a word)."""
-    import sacrebleu
+    from nmt_cli.score import METRICS, corpus_scores  # sacreBLEU: only when asked
 
     model.eval()
     generator = Generator([model], device, max_tokens=config.max_tokens, never=pipeline.tgt_vocab.fillers)
@@ -69,17 +72,17 @@ def valid_scores(model: Transformer, pipeline: TextPipeline, valid: ParallelData
     sources = [valid.source[i].tolist() for i in range(len(valid))]
     hypotheses = [pipeline.text(h[0].tokens) if h else "" for h in generator.search(sources, search)]
     references = [[pipeline.text(valid.target[i].tolist()) for i in range(len(valid))]]
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
-            "ter": sacrebleu.corpus_ter(hypotheses, references).score}
+    return corpus_scores(hypotheses, references, METRICS)
 
 
-def averaged_checkpoint(bundle: ckpt.ModelBundle, trainer: Trainer, updates: int) -> dict[str, Any]:
+def averaged_checkpoint(bundle: ckpt.ModelBundle, trainer: Trainer, updates: int,
+                        data: dict[str, Any]) -> dict[str, Any]:
     """An inference checkpoint of the averaged weights (--ema-decay) at update `updates`."""
     with trainer.averaged():
         checkpoint = bundle.describe()
         weights = {name: tensor.clone() for name, tensor in checkpoint["model"].items()}  # not views of the model
-    return {**checkpoint, "model": weights, "progress": {"updates": updates}, "ema_decay": trainer.config.ema_decay}
+    return {**checkpoint, "model": weights, "progress": {"updates": updates}, "ema_decay": trainer.config.ema_decay,
+            "data": data}
 
 
 def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid: ParallelData | None,
@@ -188,6 +191,8 @@ class TrainingRun:
         self.config, self.save_dir = config, Path(save_dir)
         self.runtime = set_up_runtime(config)
         data = DataDir.open(data_dir, verify=True)
+        self.data = {"directory": str(data.path.resolve()), "inputs": data.meta.get("inputs"),
+                     "pairs": {name: split["pairs_out"] for name, split in data.meta["splits"].items()}}
         src_vocab, tgt_vocab = data.vocabularies()
         self.pad_multiple = 8 if self.runtime.device.type == "cuda" else 1
         self.train, self.valid, self.batches, self.valid_batches, self.samples = load_splits(
@@ -242,11 +247,13 @@ class TrainingRun:
 
     def save(self, best: bool = False) -> None:
         self.last_save, b, p = time.monotonic(), self.bundle, self.progress
-        averaged = (lambda: averaged_checkpoint(b, self.trainer, p.updates)) if self.config.ema_decay else None
+        averaged = (lambda: averaged_checkpoint(b, self.trainer, p.updates, self.data)) if self.config.ema_decay \
+            else None
         self.checkpoints.save(p.updates, best, lambda: {
             **b.describe(),
             **self.trainer.state(), "train_config": self.config.to_dict(),
-            "progress": {**asdict(p), "elapsed_s": self.elapsed()}, "batching": self.batching()}, averaged)
+            "progress": {**asdict(p), "elapsed_s": self.elapsed()}, "batching": self.batching(), "data": self.data},
+            averaged)
 
     def validate(self) -> bool:
         """Validate, log, and return whether this is the best result so far (by the chosen metric)."""
@@ -255,8 +262,11 @@ class TrainingRun:
         with self.trainer.averaged():
             result = self.trainer.validate(self.valid, self.valid_batches, self.pad_multiple)
             if self.config.eval_bleu:
-                result.update(valid_scores(self.model, self.pipeline, self.valid, self.config, self.runtime.device))
+                scores = valid_scores(self.model, self.pipeline, self.valid, self.config, self.runtime.device)
+                result.update({score.metric: score.score for score in scores})
         p = self.progress
+        if self.config.eval_bleu:
+            p.bleu_signature = scores[0].signature
         best = p.validated(result, self.config.best_checkpoint_metric)
         self.log.validation(p.updates, p.epoch, self.elapsed(), result, best)
         return best

@@ -1,6 +1,7 @@
 """Shared test helpers. Real data is read from ../shared/data (or $NMT_SHARED_DATA), never copied."""
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,8 @@ def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, ta
     return dest
 
 
-def tiny_checkpoint(path: Path, seed: int = 0, symbols: str = SYMBOLS, max_positions: int = 64, **overrides) -> Path:
+def tiny_checkpoint(path: Path, seed: int = 0, symbols: Sequence[str] = SYMBOLS, max_positions: int = 64,
+                    **overrides) -> Path:
     """An untrained tiny model over whitespace tokens, saved as a self-describing checkpoint."""
     import torch
 
@@ -79,6 +81,24 @@ def tiny_checkpoint(path: Path, seed: int = 0, symbols: str = SYMBOLS, max_posit
                                          "heads": 2, "max_positions": max_positions, **overrides})
     model = Transformer(config, len(vocab), len(vocab), PAD_ID, True)
     ckpt.save(ckpt.describe(model, TextConfig("src", "tgt", tokenizer="none"), None, vocab, vocab), path)
+    return path
+
+
+def tiny_sentencepiece_checkpoint(path: Path, seed: int = 0) -> Path:
+    """An untrained tiny model over the pieces of a small SentencePiece model of the synthetic
+    tasks' letters (a joint vocabulary), saved as a self-describing checkpoint."""
+    from nmt_cli import checkpoint as ckpt
+    from nmt_cli.config import TextConfig
+    from nmt_cli.pieces import learn_sentencepiece, load_sentencepiece
+
+    lines = [s for pair in synthetic_pairs(200, seed, "upper") for s in pair]
+    pieces = learn_sentencepiece(lines, 40, "unigram", threads=1)
+    processor = load_sentencepiece(pieces)
+    tokens = [processor.id_to_piece(i) for i in range(4, processor.get_piece_size())]
+    tiny_checkpoint(path, seed, tokens)
+    bundle = ckpt.load_bundle(path)
+    text = TextConfig(bundle.text.source_lang, bundle.text.target_lang, subword="sentencepiece")
+    ckpt.save(ckpt.describe(bundle.model, text, None, bundle.src_vocab, bundle.tgt_vocab, pieces), path)
     return path
 
 

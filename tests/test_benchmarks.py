@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import synthetic_data_dir, tiny_checkpoint, write_lines
+from conftest import synthetic_data_dir, tiny_checkpoint, tiny_sentencepiece_checkpoint, write_lines
 
 BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
 
@@ -104,6 +104,16 @@ def test_ctranslate2_decode_speed(tmp_path):
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
     (result,) = run("ctranslate2_decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1)
     assert result["sentences"] == 3 and result["max_token_logprob_difference"] < 1e-4
+
+
+def test_transformers_export(tmp_path):
+    model = tiny_sentencepiece_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    (result,) = run("transformers_export.py", "-m", model, "-i", source, "--ref", source, "--threads", 1,
+                    "--ct2-converter")
+    assert result["sentences"] == 3 and result["max_logit_difference"] < 1e-4
+    assert result["greedy"]["same_lines"] == 3 and 0 <= result["beam_lenpen"]["bleu_transformers"] <= 100
+    assert "vocabulary" in result["ct2_transformers_converter"]  # OPUS-MT's layout expected: refused
 
 
 def test_translate_startup(tmp_path):

@@ -102,7 +102,10 @@ def test_other_format_version_is_refused(tmp_path):
 
 def test_average_is_the_exact_mean(tmp_path):
     a, b = tiny_checkpoint(tmp_path / "a.pt", seed=1), tiny_checkpoint(tmp_path / "b.pt", seed=2)
+    trained_on = {"directory": "data", "inputs": {"train": ["train.en", "train.de"]}, "pairs": {"train": 9}}
+    ckpt.save({**ckpt.load(a), "data": trained_on}, a)
     averaged = ckpt.average([a, b])
+    assert averaged["data"] == trained_on  # for the model card of an export
     ma, mb = ckpt.load(a)["model"], ckpt.load(b)["model"]
     for key, value in averaged["model"].items():
         assert value.dtype == ma[key].dtype

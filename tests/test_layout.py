@@ -15,7 +15,7 @@ LAYERS = (
     ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "search"}),
     ("models in use", {"checkpoint", "generator", "pipeline", "records", "trainer", "progress", "runlog", "savedir",
                        "workers", "score", "plot"}),
-    ("the commands and the API", {"translator", "translate", "train", "preprocess", "export", "serve"}),
+    ("the commands and the API", {"translator", "translate", "train", "preprocess", "export", "marian", "serve"}),
     ("the command line and the package", {"flags", "cli", "__main__", "__init__"}),
 )
 

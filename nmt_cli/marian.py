@@ -1,0 +1,240 @@
+"""`nmt export --format transformers`: the model as Hugging Face transformers' `MarianMTModel`, with a
+`MarianTokenizer` and a model card, so that `AutoModelForSeq2SeqLM.from_pretrained(DIR)` and
+`AutoTokenizer.from_pretrained(DIR)` (and the tools built on them) translate as `nmt translate` does.
+
+Marian's layers are ours (post-norm, relu, sinusoidal positions with the paper's frequencies,
+embeddings scaled by sqrt(d_model), tied output projection), except that it lays a position's
+sinusoid out as all sines, then all cosines, where §3.5 (and we) interleave them. Permuting the
+d_model dimensions of the whole residual stream the same way (every weight that reads it or
+writes it, every layer norm, the embeddings) gives a network that computes exactly ours: the
+permutation commutes with the layer norms and cancels in every projection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.checkpoint import ModelBundle, bundle_of
+from nmt_cli.config import SearchConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.export import text_files, write_export
+from nmt_cli.model import MultiHeadAttention, SublayerConnection, Transformer
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> None:
+    """A transformers model directory of `checkpoint` (read from `source`), with a model card of
+    what it records."""
+    try:
+        from transformers import GenerationConfig, MarianConfig, MarianMTModel
+    except ImportError:
+        raise NmtError("--format transformers needs transformers: pip install 'nmt-cli[export]' "
+                       "(or pip install transformers)") from None
+    bundle = bundle_of(checkpoint, source)
+    check_marian(bundle)
+    model, shared = bundle.model, bundle.src_vocab is bundle.tgt_vocab
+    marian = MarianMTModel(marian_config(MarianConfig, bundle)).eval()
+    marian.generation_config = generation_config(GenerationConfig, bundle)
+    state = marian_weights(model, shared)
+    missing = set(marian.state_dict()) - set(state) - {"model.encoder.embed_positions.weight",
+                                                         "model.decoder.embed_positions.weight"}
+    assert not missing, missing  # every weight of the Marian model is set
+    marian.load_state_dict(state, strict=False)
+
+    def write(tmp: Path) -> None:
+        marian.save_pretrained(str(tmp))
+        _tokenizer_files(bundle, tmp, shared)
+        text_files(bundle, tmp)
+        (tmp / "README.md").write_text(model_card(bundle, checkpoint, source.name), encoding="utf-8")
+
+    write_export(out, write)
+
+
+def check_marian(bundle: ModelBundle) -> None:
+    """Refuse, in one line with the reason, a model or text pipeline that Marian cannot hold."""
+    config, text = bundle.model.config, bundle.text
+    reasons = [(config.norm == "pre", "a pre-norm model (Marian's layers are post-norm)"),
+               (config.positions == "learned", "learned positions (Marian's are sinusoidal)"),
+               (config.d_k != config.d_model // config.heads or config.d_v != config.d_k,
+                f"d_k {config.d_k} and d_v {config.d_v} (Marian's heads are d_model / heads = "
+                f"{config.d_model // config.heads} wide)"),
+               (config.d_model % 2 == 1, "an odd d_model")]
+    for cannot, what in reasons:
+        if cannot:
+            raise NmtError(f"--format transformers: MarianMTModel cannot hold {what}")
+    if not text.sentencepiece:
+        words = "Moses tokenization" if text.tokenizer == "moses" else "whitespace tokens"
+        raise NmtError(f"--format transformers: MarianTokenizer holds only SentencePiece models, and this one reads "
+                       f"{words}{' and BPE' if bundle.bpe_codes else ''}; train on `nmt preprocess --subword "
+                       "sentencepiece` data to export to transformers")
+    if text.lowercase:
+        raise NmtError("--format transformers: MarianTokenizer does not lowercase; train without --lowercase")
+
+
+def marian_config(config_class: Any, bundle: ModelBundle) -> Any:
+    """Marian's description of our network: its sizes, post-norm relu layers, scaled embeddings
+    tied to the output projection, and our special ids."""
+    config, shared = bundle.model.config, bundle.src_vocab is bundle.tgt_vocab
+    return config_class(
+        vocab_size=len(bundle.src_vocab), decoder_vocab_size=len(bundle.tgt_vocab),
+        share_encoder_decoder_embeddings=shared, d_model=config.d_model, encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers, encoder_attention_heads=config.heads,
+        decoder_attention_heads=config.heads, encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
+        max_position_embeddings=config.max_positions, scale_embedding=True, activation_function="relu",
+        dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=config.relu_dropout,
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID, decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=EOS_ID, tie_word_embeddings=True)
+
+
+def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
+    """`generate`'s defaults as `nmt translate`'s: start from <s>, never output what our search
+    never outputs, at most max_positions - 1 tokens and then </s> (transformers' max_length counts
+    the start and </s>), our beam size, and our length penalty's alpha (which transformers applies
+    as |Y|^alpha)."""
+    search = SearchConfig()
+    return config_class(
+        decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        forced_eos_token_id=EOS_ID, max_length=bundle.model.config.max_positions + 1, num_beams=search.beam,
+        length_penalty=search.lenpen,
+        bad_words_ids=[[PAD_ID], [BOS_ID], [UNK_ID], *([i] for i in bundle.tgt_vocab.fillers)])
+
+
+def sines_then_cosines(d_model: int) -> torch.Tensor:
+    """Marian's dimension i is our dimension order[i]: our sin/cos pairs, sines first."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_weights(model: Transformer, shared: bool) -> dict[str, torch.Tensor]:
+    """Our weights under Marian's names, the residual stream's dimensions permuted."""
+    order = sines_then_cosines(model.config.d_model)
+    state: dict[str, torch.Tensor] = {}
+
+    def put(name: str, tensor: torch.Tensor) -> None:
+        state[name] = tensor.detach().float().clone()
+
+    tgt = model.tgt_embed.tokens.weight[:, order]
+    put("model.decoder.embed_tokens.weight", tgt)
+    put("lm_head.weight", tgt)
+    put("model.encoder.embed_tokens.weight", model.src_embed.tokens.weight[:, order])
+    if shared:
+        put("model.shared.weight", tgt)
+    put("final_logits_bias", torch.zeros(1, tgt.size(0)))
+    for side, layers in (("encoder", model.encoder_layers), ("decoder", model.decoder_layers)):
+        for i, layer in enumerate(layers):
+            prefix = f"model.{side}.layers.{i}."
+            attentions = [("self_attn", layer.self_attn)] + ([("encoder_attn", layer.cross_attn)]
+                                                            if side == "decoder" else [])
+            norms = ["self_attn_layer_norm"] + (["encoder_attn_layer_norm"] if side == "decoder" else [])
+            for (name, attention), norm, sublayer in zip(attentions, norms, layer.sublayers):
+                state.update(_attention(prefix + name, attention, order))
+                state.update(_norm(prefix + norm, sublayer, order))
+            put(prefix + "fc1.weight", layer.ffn.w1.weight[:, order])
+            put(prefix + "fc1.bias", layer.ffn.w1.bias)
+            put(prefix + "fc2.weight", layer.ffn.w2.weight[order])
+            put(prefix + "fc2.bias", layer.ffn.w2.bias[order])
+            state.update(_norm(prefix + "final_layer_norm", layer.sublayers[-1], order))
+    return state
+
+
+def _attention(prefix: str, attention: MultiHeadAttention, order: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Q, K, V (split from our fused matrices; they read the residual stream) and W^O (writes it)."""
+    if hasattr(attention, "qkv"):
+        weights, biases = attention.qkv.weight.split(attention.heads * attention.d_k), \
+            attention.qkv.bias.split(attention.heads * attention.d_k)
+    else:
+        k, v = attention.kv.weight.split(attention.heads * attention.d_k), \
+            attention.kv.bias.split(attention.heads * attention.d_k)
+        weights, biases = (attention.q.weight, *k), (attention.q.bias, *v)
+    out = {}
+    for name, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases):
+        out[f"{prefix}.{name}.weight"] = weight[:, order].detach().float().clone()
+        out[f"{prefix}.{name}.bias"] = bias.detach().float().clone()
+    out[f"{prefix}.out_proj.weight"] = attention.out.weight[order].detach().float().clone()
+    out[f"{prefix}.out_proj.bias"] = attention.out.bias[order].detach().float().clone()
+    return out
+
+
+def _norm(prefix: str, sublayer: SublayerConnection, order: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {f"{prefix}.weight": sublayer.norm.weight[order].detach().float().clone(),
+            f"{prefix}.bias": sublayer.norm.bias[order].detach().float().clone()}
+
+
+def _tokenizer_files(bundle: ModelBundle, out: Path, shared: bool) -> None:
+    """MarianTokenizer's files: the SentencePiece model for each side and the pieces' ids (ours)."""
+    assert bundle.sentencepiece is not None
+    for name in ("source.spm", "target.spm"):
+        (out / name).write_bytes(bundle.sentencepiece)
+    vocabularies = [("vocab.json", bundle.src_vocab)] + ([] if shared else [("target_vocab.json", bundle.tgt_vocab)])
+    for name, vocab in vocabularies:
+        ids = {token: i for i, token in enumerate(vocab.tokens)}  # the fillers too: as many as the model's rows
+        (out / name).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
+    text = bundle.text
+    config = {"tokenizer_class": "MarianTokenizer", "source_lang": text.source_lang, "target_lang": text.target_lang,
+              "separate_vocabs": not shared, "model_max_length": bundle.model.config.max_positions,
+              "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str) -> str:
+    """README.md of the export: what the model is, what it was trained on and how well, how to run
+    it; the licence is left for the user to set."""
+    config, text, search = bundle.model.config, bundle.text, SearchConfig()
+    params = sum(t.numel() for t in {id(p): p for p in bundle.model.parameters()}.values())
+    vocabulary = f"one vocabulary of {len(bundle.src_vocab):,} pieces for both sides" \
+        if bundle.src_vocab is bundle.tgt_vocab else \
+        f"{len(bundle.src_vocab):,} pieces in the source vocabulary, {len(bundle.tgt_vocab):,} in the target's"
+    lines = ["---", "license: other  # set the licence of your model and data", "library_name: transformers",
+             "pipeline_tag: translation", "language:", f"- {text.source_lang}", f"- {text.target_lang}", "tags:",
+             "- translation", "- nmt-cli", "---", "", f"# {text.source_lang}-{text.target_lang} Transformer", "",
+             'The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), trained with nmt-cli '
+             f"{checkpoint.get('nmt_cli_version', '')} and exported from `{source}` with `nmt export "
+             "--format transformers`: a MarianMTModel that computes what nmt-cli's model computes.", "",
+             "## Architecture", "",
+             f"{config.encoder_layers} encoder and {config.decoder_layers} decoder layers, d_model {config.d_model}, "
+             f"d_ff {config.d_ff}, {config.heads} heads, post-norm, sinusoidal positions: {params:,} parameters. "
+             f"SentencePiece: {vocabulary}.", "",
+             "## Training", ""]
+    lines += _training(checkpoint) or ["Not recorded in the checkpoint."]
+    lines += ["", "## Use", "", "```python", "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer", "",
+              'MODEL = "path/to/this/directory"  # or its name on the Hugging Face Hub',
+              "tokenizer = AutoTokenizer.from_pretrained(MODEL)",
+              "model = AutoModelForSeq2SeqLM.from_pretrained(MODEL)",
+              'batch = tokenizer(["A sentence to translate."], return_tensors="pt", padding=True)',
+              "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+              "```", "", f"`generate` searches as `nmt translate` does by default (beam {search.beam}, length "
+              f"penalty alpha {search.lenpen}), except that transformers divides a hypothesis' score by |Y|^alpha "
+              "where nmt-cli divides it by ((5 + |Y|) / 6)^alpha (GNMT). Greedy search (`num_beams=1`) gives "
+              "nmt-cli's translations exactly.", ""]
+    return "\n".join(lines)
+
+
+def _training(checkpoint: dict[str, Any]) -> list[str]:
+    """The card's lines on the training data, the run and its validation, as far as recorded."""
+    lines, data = [], checkpoint.get("data") or {}
+    for split, files in (data.get("inputs") or {}).items():
+        pairs = (data.get("pairs") or {}).get(split)
+        names = ", ".join(Path(f).name for f in files)  # not where they lay on the machine that trained
+        lines.append(f"- {split}: {names}" + (f" ({pairs:,} pairs)" if pairs else ""))
+    progress = checkpoint.get("progress") or {}
+    if "updates" in progress:
+        lines.append(f"- updates: {progress['updates']:,}")
+    if checkpoint.get("ema_decay"):
+        lines.append(f"- the weights' exponential moving average (decay {checkpoint['ema_decay']:g})")
+    averaged = checkpoint.get("averaged_from")
+    if averaged:
+        lines.append(f"- the average of {len(averaged)} checkpoints (updates "
+                     f"{', '.join(str(a.get('updates')) for a in averaged)})")
+    if math.isfinite(progress.get("best_valid_nll", math.inf)):
+        lines.append(f"- best validation perplexity in training: {math.exp(progress['best_valid_nll']):.2f}")
+    if progress.get("best_valid_bleu", -1) >= 0:
+        train = checkpoint.get("train_config") or {}
+        beam, lenpen = train.get("eval_bleu_beam"), train.get("eval_bleu_lenpen")
+        lines.append(f"- best validation BLEU in training: {progress['best_valid_bleu']:.2f} (the valid split "
+                     f"translated with beam {beam}, length penalty {lenpen}; sacreBLEU "
+                     f"{progress.get('bleu_signature') or 'signature not recorded'})")
+    return lines

@@ -1,0 +1,226 @@
+"""`nmt export --format transformers`: transformers loads the directory (model and tokenizer) and
+computes our logits; greedy `generate` gives `nmt translate --beam 1`'s lines and beam search
+mostly ours; what Marian cannot hold is refused in one line; a model card tells what the model is."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import block_import, synthetic_pairs, tiny_checkpoint, tiny_sentencepiece_checkpoint, write_lines
+
+from nmt_cli import checkpoint as ckpt
+from nmt_cli.architecture import PRESETS
+from nmt_cli.cli import main
+from nmt_cli.config import TrainConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.marian import check_marian, sines_then_cosines
+from nmt_cli.pipeline import TextPipeline
+from nmt_cli.train import TrainingRun
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+
+transformers = pytest.importorskip("transformers")
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+@pytest.fixture(scope="module", params=["shared", "separate"])
+def exported(request, tmp_path_factory):
+    """A tiny SentencePiece model trained for seconds to copy letters (shared vocabulary) or copy
+    them in capitals (separate vocabularies), exported; with the raw valid sources."""
+    shared = request.param == "shared"
+    tmp = tmp_path_factory.mktemp(request.param)
+    (tmp / "raw").mkdir()
+    for split, n, seed in (("train", 400, 0), ("valid", 40, 1000)):
+        pairs = synthetic_pairs(n, seed, "copy" if shared else "upper")
+        write_lines(tmp / f"raw/{split}.src", [s for s, _ in pairs])
+        write_lines(tmp / f"raw/{split}.tgt", [t for _, t in pairs])
+    result = run("preprocess", "-s", "src", "-t", "tgt", "--trainpref", tmp / "raw/train", "--validpref",
+                 tmp / "raw/valid", "--destdir", tmp / "data", "--subword", "sentencepiece", "--vocab-size", 40,
+                 *([] if shared else ["--separate-dictionaries"]), "--quiet", "--workers", 1)
+    assert result.exit_code == 0, result.output
+    model = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
+                                     max_positions=64)
+    config = TrainConfig(max_tokens=400, lr_schedule="inverse-sqrt", lr=3e-3, warmup=30, max_updates=400,
+                         device="cpu", threads=1, save_interval_minutes=1000.0, eval_bleu=not shared,
+                         validate_interval_updates=200)
+    TrainingRun(tmp / "data", tmp / "ck", model, config, progress_bar=False).run()
+    result = run("export", "-m", tmp / "ck/checkpoint_last.pt", "--format", "transformers", "-o", tmp / "hf")
+    assert result.exit_code == 0, result.output
+    bundle = ckpt.load_bundle(tmp / "ck/checkpoint_last.pt")
+    assert (bundle.src_vocab is bundle.tgt_vocab) == shared
+    sources = (tmp / "raw/valid.src").read_text().splitlines()
+    return tmp, bundle, sources
+
+
+def loaded(tmp):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp / "hf"))
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(tmp / "hf")).eval()
+    assert type(tokenizer).__name__ == "MarianTokenizer" and type(model).__name__ == "MarianMTModel"
+    return tokenizer, model
+
+
+def test_the_tokenizer_gives_our_ids_and_the_model_our_logits(exported):
+    tmp, bundle, sources = exported
+    tokenizer, model = loaded(tmp)
+    pipeline = TextPipeline(bundle, 64)
+    references = (tmp / "raw/valid.tgt").read_text().splitlines()
+    batch = tokenizer(sources, text_target=references, return_tensors="pt", padding=True)
+    src = [pipeline.source_ids(line, i) + [EOS_ID] for i, line in enumerate(sources)]
+    tgt = [pipeline.target_ids(line, i, "reference") + [EOS_ID] for i, line in enumerate(references)]
+    assert [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])] == src
+    assert [[i for i in row.tolist() if i != -100 and i != PAD_ID] for row in batch["labels"]] == tgt
+    assert max(map(len, src)) > min(map(len, src))  # padding is on trial
+
+    def padded(rows):
+        return torch.tensor([row + [PAD_ID] * (max(map(len, rows)) - len(row)) for row in rows])
+
+    tgt_in = padded([[BOS_ID] + row[:-1] for row in tgt])
+    with torch.no_grad():
+        ours = bundle.model(padded(src), tgt_in)
+        theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       decoder_input_ids=tgt_in).logits
+    real = tgt_in != PAD_ID
+    assert (ours[real] - theirs[real]).abs().max().item() < 1e-4
+    assert ours[real].abs().max().item() > 1  # logits of a trained model, not zeros
+
+
+def translated(tmp, sources, *flags):
+    result = run("translate", "-m", tmp / "ck/checkpoint_last.pt", "--device", "cpu", "--max-len-a", 0,
+                 "--max-len-b", 1000, *flags, input="\n".join(sources) + "\n")
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
+def generated(tmp, sources, **kwargs):
+    tokenizer, model = loaded(tmp)
+    batch = tokenizer(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        outputs = model.generate(**batch, **kwargs)
+    return tokenizer.batch_decode(outputs, skip_special_tokens=True), outputs
+
+
+def test_greedy_generate_gives_nmt_translate_beam_1_lines(exported):
+    tmp, bundle, sources = exported
+    ours = translated(tmp, sources, "--beam", 1)
+    theirs, outputs = generated(tmp, sources, num_beams=1)
+    assert theirs == ours
+    ended = sum(EOS_ID in row.tolist() and (row != PAD_ID).sum() < 65 for row in outputs)  # not forced
+    assert ended == len(sources)  # each ends with </s> (searches that run to the limit would not say much)
+    assert sum(line.replace(" ", "").lower() == s.replace(" ", "") for line, s in zip(ours, sources)) \
+        >= len(sources) // 4  # the model has learnt its task (the rest are near-copies)
+
+
+def test_beam_search_with_the_same_length_penalty_mostly_agrees(exported):
+    """Without a length penalty both rank hypotheses by log-probability; transformers stops
+    when no running beam can beat the worst finished one (we, when the best finished one can no
+    longer be beaten), so on close calls the two may keep different hypotheses."""
+    tmp, bundle, sources = exported
+    ours = translated(tmp, sources, "--beam", 4, "--lenpen", 0)
+    theirs, _ = generated(tmp, sources, num_beams=4, length_penalty=0.0)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.95 * len(sources)
+
+
+def test_generation_defaults_are_ours(exported):
+    tmp, bundle, _ = exported
+    _, model = loaded(tmp)
+    generation = model.generation_config
+    assert generation.decoder_start_token_id == BOS_ID and generation.forced_eos_token_id == EOS_ID
+    assert generation.num_beams == 4 and generation.length_penalty == 0.6 and generation.max_length == 65
+    assert [PAD_ID] in generation.bad_words_ids and [BOS_ID] in generation.bad_words_ids
+    config = json.loads((tmp / "hf/config.json").read_text())
+    shared = bundle.src_vocab is bundle.tgt_vocab
+    assert config["share_encoder_decoder_embeddings"] == shared
+    assert (config["vocab_size"], config["decoder_vocab_size"]) == (len(bundle.src_vocab), len(bundle.tgt_vocab))
+    assert (tmp / "hf/target_vocab.json").is_file() != shared
+    vocabularies = [json.loads((tmp / f"hf/{name}").read_text()) for name in ("vocab.json", "target_vocab.json")
+                    if (tmp / f"hf/{name}").is_file()]
+    assert [list(v) for v in vocabularies] == [bundle.src_vocab.tokens] + ([] if shared else [bundle.tgt_vocab.tokens])
+
+
+def test_the_model_card_says_what_the_model_is_and_was_trained_on(exported):
+    tmp, bundle, _ = exported
+    card = (tmp / "hf/README.md").read_text()
+    params = sum(p.numel() for p in {id(p): p for p in bundle.model.parameters()}.values())
+    assert card.startswith("---\nlicense: other") and "language:\n- src\n- tgt\n" in card
+    assert f"{params:,} parameters" in card and "2 encoder and 2 decoder layers, d_model 32" in card
+    assert "- train: train.src, train.tgt (400 pairs)\n- valid: valid.src, valid.tgt (40 pairs)\n" in card
+    assert "- updates: 400" in card and "AutoModelForSeq2SeqLM.from_pretrained" in card
+    if bundle.src_vocab is bundle.tgt_vocab:
+        assert "BLEU" not in card
+    else:  # trained with --eval-bleu
+        assert "- best validation BLEU in training: " in card and "sacreBLEU nrefs:1|case:mixed|eff:no|tok:13a" in card
+
+
+def test_our_sinusoid_permuted_is_marians():
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    from nmt_cli.model import positional_encoding
+
+    ours = positional_encoding(50, 16)
+    theirs = MarianSinusoidalPositionalEmbedding(50, 16).create_weight()
+    assert torch.allclose(ours[:, sines_then_cosines(16)], theirs, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"norm": "pre"}, "MarianMTModel cannot hold a pre-norm model (Marian's layers are post-norm)"),
+    ({"positions": "learned"}, "MarianMTModel cannot hold learned positions (Marian's are sinusoidal)"),
+    ({"d_k": 8, "d_v": 8}, "MarianMTModel cannot hold d_k 8 and d_v 8 (Marian's heads are d_model / heads = 16"),
+    ({}, "MarianTokenizer holds only SentencePiece models, and this one reads whitespace tokens; train on "
+         "`nmt preprocess --subword sentencepiece` data"),
+])
+def test_what_marian_cannot_hold_is_refused_in_one_line(tmp_path, overrides, message):
+    model = tiny_checkpoint(tmp_path / "m.pt", **overrides)
+    result = run("export", "-m", model, "--format", "transformers", "-o", tmp_path / "hf")
+    assert result.exit_code == 1 and message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "hf").exists()
+
+
+def test_moses_bpe_and_lowercased_models_are_refused(exported):
+    _, bundle, _ = exported
+    moses = dataclasses.replace(bundle, text=dataclasses.replace(bundle.text, subword="bpe", tokenizer="moses"),
+                                bpe_codes="#version: 0.2\n")
+    with pytest.raises(NmtError, match="reads Moses tokenization and BPE; train on `nmt preprocess --subword"):
+        check_marian(moses)
+    lowercased = dataclasses.replace(bundle, text=dataclasses.replace(bundle.text, lowercase=True))
+    with pytest.raises(NmtError, match="MarianTokenizer does not lowercase; train without --lowercase"):
+        check_marian(lowercased)
+
+
+def test_an_export_replaces_only_an_earlier_export(exported, tmp_path):
+    tmp, _, _ = exported
+    model, out = tmp / "ck/checkpoint_last.pt", tmp_path / "hf"
+    for fmt in ("ctranslate2", "transformers", "transformers"):  # each replaces the one before
+        result = run("export", "-m", model, "--format", fmt, "-o", out)
+        assert result.exit_code == 0, result.output
+    assert (out / "model.safetensors").is_file() and not (out / "model.bin").exists()
+    (out / "notes.txt").write_text("mine")
+    result = run("export", "-m", model, "--format", "transformers", "-o", out)
+    assert result.exit_code == 1 and "choose another --output" in result.output
+    assert (out / "notes.txt").read_text() == "mine"
+    result = run("export", "-m", model, "--format", "transformers", "-o", tmp_path / "x", "--quantization", "int8")
+    assert result.exit_code == 2 and "--quantization applies only to --format ctranslate2" in result.output
+
+
+def test_without_transformers_the_export_says_how_to_install_it(tmp_path, monkeypatch):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    block_import(monkeypatch, "transformers")
+    result = run("export", "-m", model, "--format", "transformers", "-o", tmp_path / "hf")
+    assert result.exit_code == 1 and "--format transformers needs transformers: pip install 'nmt-cli[export]'" \
+        in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_at_the_length_limit_both_stop_after_the_same_tokens(tmp_path):
+    """An untrained model runs on to the limit: max_positions - 1 tokens, then </s>, on both sides."""
+    model = tiny_sentencepiece_checkpoint(tmp_path / "m.pt")
+    assert run("export", "-m", model, "--format", "transformers", "-o", tmp_path / "hf").exit_code == 0
+    sources = ["a b c", "d e f g", "h a"]
+    result = run("translate", "-m", model, "--beam", 1, "--max-len-a", 0, "--max-len-b", 1000, "--format", "jsonl",
+                 input="\n".join(sources) + "\n")
+    lengths = [len(json.loads(line)["nbest"][0]["tokens"]) for line in result.output.splitlines()]
+    theirs, outputs = generated(tmp_path, sources, num_beams=1)
+    assert 63 in lengths and [(row != PAD_ID).sum().item() - 2 for row in outputs] == lengths
+    assert theirs == [json.loads(line)["translation"] for line in result.output.splitlines()]
