@@ -115,9 +115,9 @@ def test_greedy_generate_gives_nmt_translate_beam_1_lines(exported):
 
 
 def test_beam_search_with_the_same_length_penalty_mostly_agrees(exported):
-    """Without a length penalty both rank hypotheses by log-probability; transformers stops
-    when no running beam can beat the worst finished one (we, when the best finished one can no
-    longer be beaten), so on close calls the two may keep different hypotheses."""
+    """Without a length penalty both rank hypotheses by log-probability, but we stop a sentence
+    once `beam` hypotheses have ended (fairseq's rule) where transformers goes on while a live one
+    can still beat the worst ended one: now and then it finds a longer, more probable output."""
     tmp, bundle, sources = exported
     ours = translated(tmp, sources, "--beam", 4, "--lenpen", 0)
     theirs, _ = generated(tmp, sources, num_beams=4, length_penalty=0.0)
