@@ -46,6 +46,11 @@ class ModelBundle:
     tgt_vocab: Vocabulary
     sentencepiece: bytes | None = None
 
+    @property
+    def shared(self) -> bool:
+        """One vocabulary for both sides (3-way tying)."""
+        return self.src_vocab is self.tgt_vocab
+
     def describe(self) -> dict[str, Any]:
         return describe(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab, self.sentencepiece)
 

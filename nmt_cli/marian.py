@@ -37,10 +37,9 @@ def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> No
                        "(or pip install transformers)") from None
     bundle = bundle_of(checkpoint, source)
     check_marian(bundle)
-    model, shared = bundle.model, bundle.src_vocab is bundle.tgt_vocab
     marian = MarianMTModel(marian_config(MarianConfig, bundle)).eval()
     marian.generation_config = generation_config(GenerationConfig, bundle)
-    state = marian_weights(model, shared)
+    state = marian_weights(bundle.model, bundle.shared)
     missing = set(marian.state_dict()) - set(state) - {"model.encoder.embed_positions.weight",
                                                          "model.decoder.embed_positions.weight"}
     assert not missing, missing  # every weight of the Marian model is set
@@ -48,7 +47,7 @@ def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> No
 
     def write(tmp: Path) -> None:
         marian.save_pretrained(str(tmp))
-        _tokenizer_files(bundle, tmp, shared)
+        _tokenizer_files(bundle, tmp)
         text_files(bundle, tmp)
         (tmp / "README.md").write_text(model_card(bundle, checkpoint, source.name), encoding="utf-8")
 
@@ -79,10 +78,10 @@ def check_marian(bundle: ModelBundle) -> None:
 def marian_config(config_class: Any, bundle: ModelBundle) -> Any:
     """Marian's description of our network: its sizes, post-norm relu layers, scaled embeddings
     tied to the output projection, and our special ids."""
-    config, shared = bundle.model.config, bundle.src_vocab is bundle.tgt_vocab
+    config = bundle.model.config
     return config_class(
         vocab_size=len(bundle.src_vocab), decoder_vocab_size=len(bundle.tgt_vocab),
-        share_encoder_decoder_embeddings=shared, d_model=config.d_model, encoder_layers=config.encoder_layers,
+        share_encoder_decoder_embeddings=bundle.shared, d_model=config.d_model, encoder_layers=config.encoder_layers,
         decoder_layers=config.decoder_layers, encoder_attention_heads=config.heads,
         decoder_attention_heads=config.heads, encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
         max_position_embeddings=config.max_positions, scale_embedding=True, activation_function="relu",
@@ -115,7 +114,7 @@ def marian_weights(model: Transformer, shared: bool) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
 
     def put(name: str, tensor: torch.Tensor) -> None:
-        state[name] = tensor.detach().float().clone()
+        state[name] = _copy(tensor)
 
     tgt = model.tgt_embed.tokens.weight[:, order]
     put("model.decoder.embed_tokens.weight", tgt)
@@ -152,30 +151,35 @@ def _attention(prefix: str, attention: MultiHeadAttention, order: torch.Tensor) 
         weights, biases = (attention.q.weight, *k), (attention.q.bias, *v)
     out = {}
     for name, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases):
-        out[f"{prefix}.{name}.weight"] = weight[:, order].detach().float().clone()
-        out[f"{prefix}.{name}.bias"] = bias.detach().float().clone()
-    out[f"{prefix}.out_proj.weight"] = attention.out.weight[order].detach().float().clone()
-    out[f"{prefix}.out_proj.bias"] = attention.out.bias[order].detach().float().clone()
+        out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = _copy(weight[:, order]), _copy(bias)
+    out[f"{prefix}.out_proj.weight"] = _copy(attention.out.weight[order])
+    out[f"{prefix}.out_proj.bias"] = _copy(attention.out.bias[order])
     return out
 
 
 def _norm(prefix: str, sublayer: SublayerConnection, order: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.weight": sublayer.norm.weight[order].detach().float().clone(),
-            f"{prefix}.bias": sublayer.norm.bias[order].detach().float().clone()}
+    return {f"{prefix}.weight": _copy(sublayer.norm.weight[order]), f"{prefix}.bias": _copy(sublayer.norm.bias[order])}
 
 
-def _tokenizer_files(bundle: ModelBundle, out: Path, shared: bool) -> None:
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A float32 tensor of its own (Marian's weights are not views of ours)."""
+    return tensor.detach().float().clone()
+
+
+def _tokenizer_files(bundle: ModelBundle, out: Path) -> None:
     """MarianTokenizer's files: the SentencePiece model for each side and the pieces' ids (ours)."""
     assert bundle.sentencepiece is not None
     for name in ("source.spm", "target.spm"):
         (out / name).write_bytes(bundle.sentencepiece)
-    vocabularies = [("vocab.json", bundle.src_vocab)] + ([] if shared else [("target_vocab.json", bundle.tgt_vocab)])
+    vocabularies = [("vocab.json", bundle.src_vocab)]
+    if not bundle.shared:
+        vocabularies.append(("target_vocab.json", bundle.tgt_vocab))
     for name, vocab in vocabularies:
         ids = {token: i for i, token in enumerate(vocab.tokens)}  # the fillers too: as many as the model's rows
         (out / name).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
     text = bundle.text
     config = {"tokenizer_class": "MarianTokenizer", "source_lang": text.source_lang, "target_lang": text.target_lang,
-              "separate_vocabs": not shared, "model_max_length": bundle.model.config.max_positions,
+              "separate_vocabs": not bundle.shared, "model_max_length": bundle.model.config.max_positions,
               "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
@@ -184,9 +188,9 @@ def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str) -> 
     """README.md of the export: what the model is, what it was trained on and how well, how to run
     it; the licence is left for the user to set."""
     config, text, search = bundle.model.config, bundle.text, SearchConfig()
-    params = sum(t.numel() for t in {id(p): p for p in bundle.model.parameters()}.values())
+    params = sum(p.numel() for p in bundle.model.parameters())  # a tied matrix counted once
     vocabulary = f"one vocabulary of {len(bundle.src_vocab):,} pieces for both sides" \
-        if bundle.src_vocab is bundle.tgt_vocab else \
+        if bundle.shared else \
         f"{len(bundle.src_vocab):,} pieces in the source vocabulary, {len(bundle.tgt_vocab):,} in the target's"
     lines = ["---", "license: other  # set the licence of your model and data", "library_name: transformers",
              "pipeline_tag: translation", "language:", f"- {text.source_lang}", f"- {text.target_lang}", "tags:",

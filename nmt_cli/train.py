@@ -262,11 +262,11 @@ class TrainingRun:
         with self.trainer.averaged():
             result = self.trainer.validate(self.valid, self.valid_batches, self.pad_multiple)
             if self.config.eval_bleu:
-                scores = valid_scores(self.model, self.pipeline, self.valid, self.config, self.runtime.device)
-                result.update({score.metric: score.score for score in scores})
+                scores = {s.metric: s for s in valid_scores(self.model, self.pipeline, self.valid, self.config,
+                                                            self.runtime.device)}
+                result.update({metric: score.score for metric, score in scores.items()})
+                self.progress.bleu_signature = scores["bleu"].signature
         p = self.progress
-        if self.config.eval_bleu:
-            p.bleu_signature = scores[0].signature
         best = p.validated(result, self.config.best_checkpoint_metric)
         self.log.validation(p.updates, p.epoch, self.elapsed(), result, best)
         return best

@@ -169,6 +169,7 @@ def test_our_sinusoid_permuted_is_marians():
     ({"norm": "pre"}, "MarianMTModel cannot hold a pre-norm model (Marian's layers are post-norm)"),
     ({"positions": "learned"}, "MarianMTModel cannot hold learned positions (Marian's are sinusoidal)"),
     ({"d_k": 8, "d_v": 8}, "MarianMTModel cannot hold d_k 8 and d_v 8 (Marian's heads are d_model / heads = 16"),
+    ({"d_model": 33, "heads": 3}, "MarianMTModel cannot hold an odd d_model"),
     ({}, "MarianTokenizer holds only SentencePiece models, and this one reads whitespace tokens; train on "
          "`nmt preprocess --subword sentencepiece` data"),
 ])
