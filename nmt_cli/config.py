@@ -130,6 +130,9 @@ class TrainConfig(Options):
     precision: str = _precision_knob()
     device: str = _device_knob()
     compile: bool = knob(False, "torch.compile the model.")
+    length_buckets: int = knob(0, "Pad every batch, both sides, to one of at most N lengths chosen for the "
+                               "least padding: at most 2N batch shapes, so --compile compiles each once "
+                               "(0: each batch padded to its own longest side).", min=0, max=256)
     threads: int | None = _threads_knob()
 
     def __post_init__(self) -> None:

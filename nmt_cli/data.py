@@ -87,10 +87,15 @@ class ParallelData:
     def __len__(self) -> int:
         return len(self.source)
 
-    def collate(self, indices: Sequence[int], pad_to_multiple: int = 1) -> Batch:
-        """Right-padded source (+EOS), decoder input (BOS+) and output (+EOS) for `indices`."""
+    def collate(self, indices: Sequence[int], pad_to_multiple: int = 1, buckets: np.ndarray | None = None) -> Batch:
+        """Right-padded source (+EOS), decoder input (BOS+) and output (+EOS) for `indices`; with
+        `buckets` (length_buckets), all three padded to the bucket length of the batch's longest side."""
+        length = None
+        if buckets is not None:
+            longest = max(int(self.src_lengths[indices].max()), int(self.tgt_lengths[indices].max()))
+            length = int(buckets[np.searchsorted(buckets, longest)])
         return Batch.make([self.source[i] for i in indices], [self.target[i] for i in indices],
-                          pad_to_multiple)
+                          pad_to_multiple, length)
 
 
 class Batch:
@@ -100,10 +105,11 @@ class Batch:
         self.src, self.tgt_in, self.tgt_out = src, tgt_in, tgt_out
 
     @classmethod
-    def make(cls, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], pad_to_multiple: int = 1) -> Batch:
-        src = pad(sources, pad_to_multiple, last=EOS_ID)
-        tgt_in = pad(targets, pad_to_multiple, first=BOS_ID)
-        tgt_out = pad(targets, pad_to_multiple, last=EOS_ID)
+    def make(cls, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], pad_to_multiple: int = 1,
+             length: int | None = None) -> Batch:
+        src = pad(sources, pad_to_multiple, last=EOS_ID, length=length)
+        tgt_in = pad(targets, pad_to_multiple, first=BOS_ID, length=length)
+        tgt_out = pad(targets, pad_to_multiple, last=EOS_ID, length=length)
         return cls(src, tgt_in, tgt_out)
 
     def pin_memory(self) -> Batch:
@@ -119,14 +125,15 @@ class Batch:
 
 
 def pad(sequences: Sequence[np.ndarray], multiple: int = 1, first: int | None = None,
-        last: int | None = None, value: int = PAD_ID) -> torch.Tensor:
+        last: int | None = None, value: int = PAD_ID, length: int | None = None) -> torch.Tensor:
     """(batch, longest) int64 tensor of the sequences, each with `first` before it and `last` after
-    it when given, right-padded with `value` to a multiple of `multiple`."""
+    it when given, right-padded with `value` to a multiple of `multiple`, or to `length` when given."""
     import torch  # here, not at the top: `nmt preprocess` writes this module's files without loading torch
     lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
     start = int(first is not None)
     full = lengths + start + int(last is not None)
-    longest = -(-int(full.max()) // multiple) * multiple
+    longest = -(-int(full.max()) // multiple) * multiple if length is None else length
+    assert longest >= full.max(), f"padding to {longest} cuts a sequence of {full.max()}"
     out = np.full((len(sequences), longest), value, dtype=np.int64)
     if first is not None:
         out[:, 0] = first
@@ -143,18 +150,19 @@ class Prefetcher:
     not wait for the host. Without it (a CPU, whose cores the update uses), batches are collated
     when asked for."""
 
-    def __init__(self, data: ParallelData, pad_to_multiple: int, background: bool) -> None:
+    def __init__(self, data: ParallelData, pad_to_multiple: int, background: bool,
+                 buckets: np.ndarray | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         import torch
 
-        self.data, self.pad_to_multiple, self.background = data, pad_to_multiple, background
+        self.data, self.pad_to_multiple, self.background, self.buckets = data, pad_to_multiple, background, buckets
         self.pin = background and torch.cuda.is_available()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-collate") if background else None
         self.pending: tuple[list[np.ndarray], Future] | None = None
 
     def collate(self, batches: list[np.ndarray]) -> list[Batch]:
-        collated = [self.data.collate(indices, self.pad_to_multiple) for indices in batches]
+        collated = [self.data.collate(indices, self.pad_to_multiple, self.buckets) for indices in batches]
         return [b.pin_memory() for b in collated] if self.pin else collated
 
     def prefetch(self, batches: list[np.ndarray]) -> None:
@@ -175,32 +183,82 @@ class Prefetcher:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+def length_buckets(src_lengths: np.ndarray, tgt_lengths: np.ndarray, count: int, multiple: int = 1) -> np.ndarray:
+    """At most `count` lengths, multiples of `multiple`, that batches are padded to (both sides),
+    so that a compiled or captured update sees few shapes. They minimize the padded tokens (the
+    sum over pairs of the bucket length of their longer side), by dynamic programming over the
+    lengths that occur; the last is the longest pair's."""
+    longest = np.maximum(src_lengths, tgt_lengths)
+    values, counts = np.unique(-(-longest // multiple) * multiple, return_counts=True)
+    if len(values) <= count:
+        return values
+    upto = np.cumsum(counts).astype(np.float64)  # pairs at or under each value
+    later = np.triu(np.ones((len(values), len(values)), dtype=bool), k=1)  # i < j
+    total = values * upto  # least padded tokens of the pairs up to values[j], one bucket ending there
+    parents = []
+    for _ in range(count - 1):  # one more bucket: the last at values[j] after one at values[i]
+        extended = np.where(later, total[:, None] + values[None, :] * (upto[None, :] - upto[:, None]), np.inf)
+        parents.append(extended.argmin(axis=0))
+        total = extended.min(axis=0)
+    j, chosen = len(values) - 1, [len(values) - 1]
+    for parent in reversed(parents):
+        j = int(parent[j])
+        chosen.append(j)
+    return values[chosen[::-1]]
+
+
 def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
-                  max_sentences: int | None = None, pad_to_multiple: int = 1) -> list[np.ndarray]:
+                  max_sentences: int | None = None, pad_to_multiple: int = 1,
+                  buckets: np.ndarray | None = None) -> list[np.ndarray]:
     """Group sentence indices into batches of similar length (§5.1).
 
     A batch's cost is its size times its longest side, padding included, as fairseq counts it:
     batch_size * max(max src length, max tgt length) <= max_tokens. Sentences are sorted by
-    (target, source) length so batches have little padding. A pair longer than max_tokens alone
-    raises ValueError: it could never be trained on.
+    (target, source) length so batches have little padding. With `buckets` (length_buckets), a
+    pair's longest side is its bucket's length and a batch holds pairs of one bucket: each bucket
+    gives full batches of one size and at most one smaller one, so at most 2 x len(buckets)
+    shapes. A pair longer than max_tokens alone raises ValueError: it could never be trained on.
     """
     longest = np.maximum(src_lengths, tgt_lengths)
     if len(longest) and longest.max() > max_tokens:
         i = int(longest.argmax())
         raise ValueError(f"sentence pair {i + 1} has {int(longest[i])} tokens, more than max_tokens={max_tokens}")
-    order = np.lexsort((src_lengths, tgt_lengths))
+    if buckets is None:
+        widths = -(-longest // pad_to_multiple) * pad_to_multiple
+        order = np.lexsort((src_lengths, tgt_lengths))
+    else:
+        widths = buckets[np.searchsorted(buckets, longest)]
+        order = np.lexsort((src_lengths, tgt_lengths, widths))
     batches, start, width = [], 0, 0
     for position, i in enumerate(order):
-        padded = -(-int(longest[i]) // pad_to_multiple) * pad_to_multiple
+        padded = int(widths[i])
         new_width = max(width, padded)
         size = position - start + 1
-        if size > 1 and (new_width * size > max_tokens or (max_sentences and size > max_sentences)):
+        if size > 1 and (new_width * size > max_tokens or (max_sentences and size > max_sentences)
+                         or (buckets is not None and padded != width)):
             batches.append(order[start:position])
             start, new_width = position, padded
         width = new_width
     if start < len(order):
         batches.append(order[start:])
     return batches
+
+
+def shapes_and_padding(data: ParallelData, batches: list[np.ndarray], pad_to_multiple: int = 1,
+                       buckets: np.ndarray | None = None) -> tuple[int, float]:
+    """The distinct (rows, source length, target length) shapes of `batches` as `collate` pads
+    them, and the share of their positions that are padding."""
+    shapes, positions = set(), 0
+    for indices in batches:
+        src, tgt = int(data.src_lengths[indices].max()), int(data.tgt_lengths[indices].max())
+        if buckets is None:
+            src, tgt = (-(-length // pad_to_multiple) * pad_to_multiple for length in (src, tgt))
+        else:
+            src = tgt = int(buckets[np.searchsorted(buckets, max(src, tgt))])
+        shapes.add((len(indices), src, tgt))
+        positions += len(indices) * (src + tgt)
+    real = sum(int(data.src_lengths[indices].sum() + data.tgt_lengths[indices].sum()) for indices in batches)
+    return len(shapes), 1 - real / max(positions, 1)
 
 
 def shuffled(batches: list[np.ndarray], seed: int, epoch: int) -> list[np.ndarray]:

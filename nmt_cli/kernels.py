@@ -11,7 +11,7 @@ the paper never needs this file, nor graphs.py (the search's decoder as CUDA gra
 - `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form.
 - `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN.
 - `top_k`: top-k through chunk maxima on the CPU.
-- `steps_between_reads`: how often a search reads its state back to the host.
+- `steps_between_reads`: how often a search or training reads its state back to the host.
 - `quantize_int8`: dynamic int8 linear layers for CPU inference.
 - `keep_freed_memory`: glibc's malloc keeps freed memory (CPU).
 """
@@ -58,7 +58,7 @@ class Dropout(nn.Dropout):
     Bernoulli sampler, which draws CPU random numbers on one thread (what this saves:
     tests/benchmarks/train_speed.py --dropout-ab). p is taken to a multiple of 2^-16 (0.1
     becomes 0.100006), and the scale is that of the p taken, so the expected output is exactly
-    the input. Elsewhere (CUDA) it is torch's kernel.
+    the input. Elsewhere (CUDA), and inside torch.compile, it is torch's kernel.
     """
 
     def __init__(self, p: float) -> None:
@@ -70,7 +70,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0:
             return x
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or torch.compiler.is_compiling():  # compiled: the compiler's own masks
             return F.dropout(x, self.p, training=True)
         bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # uniform 64 bits
         keep = (bits.view(torch.int16)[: x.numel()] >= self.threshold).view(x.shape)
@@ -125,7 +125,10 @@ def search_step() -> Iterator[None]:
 def written_out_attention(q: Tensor, k: Tensor) -> bool:
     """Whether eq. 1 written out is faster than the fused kernel here: at a search step (a few
     queries), and on the CPU for short sequences (sentences of up to 64 tokens), backward included
-    (tests/benchmarks/attention_speed.py)."""
+    (tests/benchmarks/attention_speed.py). Never inside torch.compile, which fuses the kernel
+    itself (and cannot trace the ContextVar: a graph break at every attention)."""
+    if torch.compiler.is_compiling():
+        return False
     return _SEARCH_STEP.get() or (q.device.type == "cpu" and k.size(-2) <= WRITTEN_OUT_MAX_KEYS)
 
 
@@ -248,9 +251,10 @@ def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
 
 
 def steps_between_reads(device: torch.device) -> int:
-    """Search steps between reads of which sentences are done. A read makes the host wait for
-    the device: on the CPU that costs nothing, and done sentences leave the batch at once; on a
-    GPU the host queues the next steps' kernels meanwhile instead of waiting for each step."""
+    """Search steps between reads of which sentences are done, and training updates between reads
+    of their losses. A read makes the host wait for the device: on the CPU that costs nothing (and
+    done sentences leave the batch at once); on a GPU the host queues the next steps' kernels
+    meanwhile instead of waiting for each step."""
     return 1 if device.type == "cpu" else 8
 
 

@@ -27,25 +27,22 @@ import torch
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import SearchConfig, TrainConfig
-from nmt_cli.data import Batch, ParallelData, Prefetcher, shuffled, token_batches
+from nmt_cli.data import ParallelData, Prefetcher, length_buckets, shapes_and_padding, shuffled, token_batches
 from nmt_cli.datadir import DataDir
-from nmt_cli.device import out_of_memory
 from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries
 from nmt_cli.generator import Generator
+from nmt_cli.kernels import steps_between_reads
 from nmt_cli.model import Transformer
 from nmt_cli.pipeline import TextPipeline
 from nmt_cli.progress import Progress, Stop
 from nmt_cli.runlog import RunLog
 from nmt_cli.savedir import SaveDir, set_rng_state
-from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
+from nmt_cli.trainer import Runtime, SkipGuard, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
 if TYPE_CHECKING:
     from nmt_cli.score import Score
-
-MAX_SKIPS_IN_A_ROW = 5
-
 
 def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:
     """Refuse data with a sequence longer than the model's positions, naming the valid pair."""
@@ -86,12 +83,12 @@ def averaged_checkpoint(bundle: ckpt.ModelBundle, trainer: Trainer, updates: int
 
 
 def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid: ParallelData | None,
-                 pad_multiple: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Training batches of --max-tokens, and valid batches that each hold at least the longest
-    valid pair (validation never drops one)."""
+                 pad_multiple: int, buckets: np.ndarray | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Training batches of --max-tokens (of the length buckets, with --length-buckets), and valid
+    batches that each hold at least the longest valid pair (validation never drops one)."""
     try:
         batches = token_batches(train.src_lengths, train.tgt_lengths, config.max_tokens, config.max_sentences,
-                                pad_multiple)
+                                pad_multiple, buckets)
     except ValueError as e:
         raise NmtError(f"{data_dir}: {e}; raise --max-tokens") from None
     if valid is None:
@@ -101,17 +98,22 @@ def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid
 
 
 def load_splits(data: DataDir, config: TrainConfig, pad_multiple: int, max_positions: int) -> tuple[
-        ParallelData, ParallelData | None, list[np.ndarray], list[np.ndarray], list[tuple[ParallelData, list]]]:
-    """The training split, the valid split, their batches, and the training split's sampled
-    segmentations with theirs (subword regularization); data longer than the model's positions
-    is refused."""
+        ParallelData, ParallelData | None, list[np.ndarray], list[np.ndarray], list[tuple[ParallelData, list]],
+        np.ndarray | None]:
+    """The training split, the valid split, their batches, the training split's sampled
+    segmentations with theirs (subword regularization), and the length buckets of all training
+    batches (--length-buckets); data longer than the model's positions is refused."""
     train = data.split("train")
     valid = data.split("valid") if data.has_split("valid") else None
     sampled = [data.split(name) for name in data.sampled_splits]
     check_lengths(data.path, [train, *sampled], valid, max_positions)
-    batches, valid_batches = make_batches(data.path, config, train, valid, pad_multiple)
-    samples = [(sample, make_batches(data.path, config, sample, None, pad_multiple)[0]) for sample in sampled]
-    return train, valid, batches, valid_batches, samples
+    buckets = length_buckets(np.concatenate([split.src_lengths for split in (train, *sampled)]),
+                             np.concatenate([split.tgt_lengths for split in (train, *sampled)]),
+                             config.length_buckets, pad_multiple) if config.length_buckets else None
+    batches, valid_batches = make_batches(data.path, config, train, valid, pad_multiple, buckets)
+    samples = [(sample, make_batches(data.path, config, sample, None, pad_multiple, buckets)[0])
+               for sample in sampled]
+    return train, valid, batches, valid_batches, samples, buckets
 
 
 def share(order: list[np.ndarray], update: int, runtime: Runtime,
@@ -119,57 +121,6 @@ def share(order: list[np.ndarray], update: int, runtime: Runtime,
     """The batches of update `update` of the epoch on all processes, and this process's share."""
     group = order[update * runtime.world * update_freq:(update + 1) * runtime.world * update_freq]
     return group, group[runtime.rank * update_freq:(runtime.rank + 1) * update_freq]
-
-
-class SkipGuard:
-    """Runs Trainer.update, skipping a batch that runs out of memory (one process) or gives a
-    non-finite loss. MAX_SKIPS_IN_A_ROW of one kind in a row stop the run with advice: the
-    memory cannot hold such batches, or training diverged."""
-
-    def __init__(self, trainer: Trainer, progress: Progress, log: RunLog) -> None:
-        self.trainer, self.progress, self.log = trainer, progress, log
-        self.in_a_row = {"oom": 0, "nonfinite": 0}
-
-    def update(self, batches: list[Batch], update_tokens: int, step: int) -> dict[str, float] | None:
-        try:
-            stats = self.trainer.update(batches, update_tokens, step)
-        except RuntimeError as e:  # CUDA's OutOfMemoryError is one
-            if not out_of_memory(e):
-                raise
-            self._out_of_memory(step, "CUDA out of memory" if isinstance(e, torch.cuda.OutOfMemoryError)
-                                else "out of memory")
-            return None
-        self.in_a_row["oom"] = 0
-        if stats is None:
-            self._skipped("nonfinite", step, "non-finite loss", "update", "training diverged; lower the learning "
-                          "rate (--lr-scale/--lr), or use --precision bf16/fp32")
-            return None
-        self.in_a_row["nonfinite"] = 0
-        if "loss_scale" in stats:
-            before, after = stats.pop("loss_scale")
-            change = "overflow, step skipped" if after < before else "stable, grown"
-            self.log.log(f"fp16 loss scale {before:g} -> {after:g} at update {step} ({change})")
-            self.log.record({"kind": "loss_scale", "update": step, "before": before, "after": after})
-        return stats
-
-    def _out_of_memory(self, step: int, what: str) -> None:
-        runtime, advice = self.trainer.runtime, "lower --max-tokens (and raise --update-freq to keep the update size)"
-        if runtime.world > 1:
-            raise NmtError(f"{what} at update {step} on process {runtime.rank}; {advice}") from None
-        self.trainer.optimizer.zero_grad(set_to_none=True)
-        if runtime.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self._skipped("oom", step, what, "batch", f"such batches do not fit; {advice}")
-
-    def _skipped(self, kind: str, step: int, what: str, skipped: str, advice: str) -> None:
-        """Count and log a skip (`kind`: oom or nonfinite); the MAX_SKIPS_IN_A_ROW-th of a kind in a
-        row stops the run."""
-        total = getattr(self.progress, f"{kind}_skips") + 1
-        setattr(self.progress, f"{kind}_skips", total)
-        self.in_a_row[kind] += 1
-        self.log.log(f"{what} at update {step}: {skipped} skipped ({total} so far)")
-        if self.in_a_row[kind] >= MAX_SKIPS_IN_A_ROW:
-            raise NmtError(f"{what} {MAX_SKIPS_IN_A_ROW} times in a row (update {step}): {advice}")
 
 
 def starting_line(run: TrainingRun) -> str:
@@ -180,7 +131,16 @@ def starting_line(run: TrainingRun) -> str:
             f"{rt.device} {str(rt.dtype).removeprefix('torch.')}, {rt.world} process(es), "
             f"{len(run.train):,} training pairs in {len(run.batches):,} batches; up to "
             f"{c.max_tokens * rt.world * c.update_freq:,} tokens per update (max-tokens {c.max_tokens} x "
-            f"{rt.world} x update-freq {c.update_freq})")
+            f"{rt.world} x update-freq {c.update_freq}){bucketing(run)}")
+
+
+def bucketing(run: TrainingRun) -> str:
+    """With --length-buckets: the lengths, and the shapes and padding of the batches."""
+    if run.buckets is None:
+        return ""
+    shapes, padding = shapes_and_padding(run.train, run.batches, run.pad_multiple, run.buckets)
+    return (f"; {len(run.buckets)} length buckets ({', '.join(map(str, run.buckets))}): {shapes} batch shapes, "
+            f"{padding:.1%} padding")
 
 
 class TrainingRun:
@@ -195,9 +155,10 @@ class TrainingRun:
                      "pairs": {name: split["pairs_out"] for name, split in data.meta["splits"].items()}}
         src_vocab, tgt_vocab = data.vocabularies()
         self.pad_multiple = 8 if self.runtime.device.type == "cuda" else 1
-        self.train, self.valid, self.batches, self.valid_batches, self.samples = load_splits(
+        self.train, self.valid, self.batches, self.valid_batches, self.samples, self.buckets = load_splits(
             data, config, self.pad_multiple, model_config.max_positions)
-        self.prefetcher = Prefetcher(self.train, self.pad_multiple, background=self.runtime.device.type == "cuda")
+        self.prefetcher = Prefetcher(self.train, self.pad_multiple, background=self.runtime.device.type == "cuda",
+                                     buckets=self.buckets)
         self.log = RunLog(self.save_dir, self.runtime.main, config.tensorboard, progress_bar)
 
         torch.manual_seed(config.seed)
@@ -240,7 +201,8 @@ class TrainingRun:
     def batching(self) -> dict[str, Any]:
         c = self.config
         return {"max_tokens": c.max_tokens, "max_sentences": c.max_sentences, "update_freq": c.update_freq,
-                "seed": c.seed, "world": self.runtime.world, "pad_multiple": self.pad_multiple}
+                "seed": c.seed, "world": self.runtime.world, "pad_multiple": self.pad_multiple,
+                "length_buckets": c.length_buckets}
 
     def elapsed(self) -> float:
         return self.progress.elapsed_s + time.monotonic() - self.started
@@ -300,7 +262,7 @@ class TrainingRun:
         handlers = {sig: signal.signal(sig, lambda n, _f: interrupted.append(n))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         self.log.start(c.max_updates, p.updates, c.max_time * 60 if c.max_time else None, self.elapsed())
-        guard = SkipGuard(self.trainer, p, self.log)
+        self.guard, self.read_every = SkipGuard(self.trainer, p, self.log), steps_between_reads(rt.device)
         stop: Stop | None = None
         try:
             while stop is None:
@@ -315,15 +277,15 @@ class TrainingRun:
                     if p.epoch_updates + 1 < updates_in_epoch:
                         self.prefetcher.prefetch(share(order, p.epoch_updates + 1, rt, c.update_freq)[1])
                     update_tokens = int(sum(self.train.tgt_lengths[b].sum() for b in group))
-                    stats = guard.update(self.prefetcher.get(mine), update_tokens, p.updates + 1)
+                    advanced = self.guard.update(self.prefetcher.get(mine), update_tokens, p.updates + 1)
                     p.epoch_updates += 1
-                    if stats is not None:
+                    if advanced:
                         p.updates += 1
-                        self.log.count(stats, p.updates, self.elapsed())
-                        if p.updates % c.log_interval == 0:
-                            self.log.report(p.updates, p.epoch, stats["lr"], self.elapsed(), rt.world)
-                    stop = self._after_update(interrupted, advanced=stats is not None)
+                        if p.updates % self.read_every == 0 or p.updates % c.log_interval == 0:
+                            self._read()
+                    stop = self._after_update(interrupted, advanced)
                 if stop is None:  # end of epoch
+                    self._read()
                     best = self.validate()
                     p.epoch, p.epoch_updates = p.epoch + 1, 0
                     self.save(best)
@@ -340,18 +302,38 @@ class TrainingRun:
 
     def _after_update(self, interrupted: list[int], advanced: bool) -> Stop | None:
         """Validate and save when due; returns why to stop, if training should. After a skipped
-        update (`advanced` False) the update-count intervals are not due again."""
+        update (`advanced` False) the update-count intervals are not due again. Time and signals
+        are looked at every `read_every` updates (with several processes agreeing on them is an
+        all-reduce, a host wait), the update-count criteria at every update."""
         c, p = self.config, self.progress
+        if advanced and p.updates % self.read_every and p.done(c) is None and not any(self._interval_due()):
+            return None
         out_of_time = c.max_time is not None and self.elapsed() >= c.max_time * 60
         save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
         out_of_time, save_due, signalled = self.runtime.agree(out_of_time, save_due, bool(interrupted))
+        if out_of_time or save_due or signalled or p.done(c) is not None or (advanced and any(self._interval_due())):
+            self._read()  # what validates, saves or stops counts only the updates that were applied
         stop = Stop.INTERRUPTED if signalled else Stop.MAX_TIME if out_of_time else p.done(c)
         best = False
-        interval_due = advanced and c.validate_interval_updates and p.updates % c.validate_interval_updates == 0
-        if interval_due or (stop is not None and stop is not Stop.INTERRUPTED):
+        validate_due, save_interval_due = self._interval_due(advanced)
+        if validate_due or (stop is not None and stop is not Stop.INTERRUPTED):
             best = self.validate()
             stop = stop or p.done(c)
-        save_interval_due = advanced and c.save_interval_updates and p.updates % c.save_interval_updates == 0
         if stop or best or save_due or save_interval_due:
             self.save(best)
         return stop
+
+    def _interval_due(self, advanced: bool = True) -> tuple[bool, bool]:
+        """Whether --validate-interval-updates and --save-interval-updates are due at this update
+        (never again after a skipped one)."""
+        c, updates = self.config, self.progress.updates
+        return (advanced and bool(c.validate_interval_updates) and updates % c.validate_interval_updates == 0,
+                advanced and bool(c.save_interval_updates) and updates % c.save_interval_updates == 0)
+
+    def _read(self) -> None:
+        """Read the pending updates' losses (one host wait) into the log, which reports every
+        --log-interval updates."""
+        for update, stats in self.guard.read():
+            self.log.count(stats, update, self.elapsed())
+            if update % self.config.log_interval == 0:
+                self.log.report(update, self.progress.epoch, stats["lr"], self.elapsed(), self.runtime.world)

@@ -4,6 +4,11 @@ precision, gradient accumulation over micro-batches and, under torchrun, over pr
 One update = `update_freq` micro-batches on each of `world` processes. The loss of an update is the
 sum over its target tokens divided by their number, whatever W and K are, so W processes with K
 micro-batches give the same update as one process with W*K.
+
+An update is queued without the host waiting for the device: its loss sums stay on the device
+until the caller reads them (a GPU runs one update while the host queues the next), and a
+non-finite loss skips the optimizer step on the device (fused Adam's `found_inf`). `SkipGuard`
+runs the updates of a training: it reads their losses, and skips the faulty ones.
 """
 
 from __future__ import annotations
@@ -23,12 +28,17 @@ from torch import Tensor
 
 from nmt_cli.config import TrainConfig
 from nmt_cli.data import Batch, ParallelData
+from nmt_cli.device import out_of_memory
 from nmt_cli.device import select as select_device
+from nmt_cli.errors import NmtError
 from nmt_cli.kernels import SmoothedCrossEntropy, use_fast_paths
 from nmt_cli.model import Transformer
+from nmt_cli.progress import Progress
+from nmt_cli.runlog import RunLog
 from nmt_cli.vocab import PAD_ID
 
 DIST_TIMEOUT = datetime.timedelta(minutes=5)
+MAX_SKIPS_IN_A_ROW = 5
 
 
 def learning_rate(step: int, d_model: int, config: TrainConfig) -> float:
@@ -100,9 +110,11 @@ class WeightAverage:
         self.average = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self, step: int) -> None:
-        weight = 1.0 - min(self.decay, (1 + step) / (10 + step))
-        torch._foreach_lerp_(self.average, list(self.params), weight)  # one call for all weights (fp32, as they)
+    def update(self, step: int, applied: Tensor) -> None:
+        """Move the average toward the weights after update `step`; `applied` (a device flag, 1 or 0)
+        says whether the optimizer changed them, so a skipped update leaves the average as it was."""
+        weight = (1.0 - min(self.decay, (1 + step) / (10 + step))) * applied.float()
+        torch._foreach_lerp_(self.average, list(self.params), [weight] * len(self.average))  # fp32, as the weights
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:
@@ -137,6 +149,18 @@ class KeptLogits(torch.nn.Module):
         return self.model.output_projection(features if keep is None else features[keep])
 
 
+def compiled(net: torch.nn.Module, length_buckets: int) -> torch.nn.Module:
+    """torch.compile(net). With length buckets, one graph per batch shape (dynamic=False: static
+    shapes, the ones CUDA graphs need), and room in dynamo's cache for all 2N of them, which
+    would otherwise fall back to eager after its 8th."""
+    if not length_buckets:
+        return torch.compile(net)
+    import torch._dynamo.config as dynamo
+
+    dynamo.recompile_limit = max(dynamo.recompile_limit, 2 * length_buckets)
+    return torch.compile(net, dynamic=False)
+
+
 class Trainer:
     """Model, optimizer and one update: forward/backward over this process's micro-batches, then step."""
 
@@ -149,7 +173,7 @@ class Trainer:
             ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
             self.net = torch.nn.parallel.DistributedDataParallel(self.logits, device_ids=ids)
         if config.compile:
-            self.net = torch.compile(self.net)
+            self.net = compiled(self.net, config.length_buckets)
         adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
         options = {"lr": 0.0, "betas": (config.adam_beta1, config.adam_beta2), "eps": config.adam_eps,
                    **({"weight_decay": config.weight_decay} if config.weight_decay else {})}
@@ -158,20 +182,32 @@ class Trainer:
         except RuntimeError:
             self.optimizer = adam(model.parameters(), **options)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == torch.float16)
+        # Fused Adam skips a step on the device (found_inf); otherwise, and under fp16's GradScaler
+        # (which sets found_inf itself), the host reads whether the loss is finite at every update.
+        self.skips_on_device = bool(self.optimizer.defaults.get("fused")) and not self.scaler.is_enabled()
+        self.loss_scale_changes: list[tuple[int, float, float]] = []  # fp16: (update, before, after)
         self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
         self.epsilon = model.config.label_smoothing
         # On the CPU only the real target positions go through the vocabulary projection, the
         # largest matmul (KeptLogits). On a GPU that selection (a boolean index, its size known
         # only to the device) would make the host wait for the device at every batch and split a
-        # compiled graph, so every position is projected and the loss masks the padding.
-        self.project_real_only = runtime.device.type == "cpu"
+        # compiled graph, so there, and wherever the model is compiled, every position is
+        # projected and the loss masks the padding.
+        self.project_real_only = runtime.device.type == "cpu" and not config.compile
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype,
-                              enabled=self.runtime.dtype != torch.float32)
+        """Mixed precision in the compute dtype; nothing in float32 (nor on devices autocast lacks)."""
+        if self.runtime.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype)
 
-    def update(self, batches: list[Batch], update_tokens: int, step: int) -> dict[str, float] | None:
-        """One optimizer step over `batches`; None when it was skipped (non-finite loss or OOM)."""
+    def rate(self, step: int) -> float:
+        return learning_rate(step, self.d_model, self.config)
+
+    def update(self, batches: list[Batch], update_tokens: int, step: int) -> Tensor:
+        """One optimizer step over `batches`, queued: returns the (loss sum, NLL sum, target tokens)
+        of the update on the device, read by the caller when it chooses. A non-finite loss sum means
+        the step was skipped (the weights, Adam's state and the weight average are as before)."""
         self.net.train()
         # DDP averages gradients over processes; scaling by `world` makes them sums over all tokens.
         weight = self.runtime.world / update_tokens
@@ -183,26 +219,26 @@ class Trainer:
                 loss, nll, tokens = self.loss(self.net, batch)
                 self.scaler.scale(loss * weight).backward()
             totals += torch.stack([loss.detach(), nll.detach(), tokens]).double()
-        loss_sum, nll_sum, tokens = totals.tolist()  # one host-device sync per update
-        if not math.isfinite(loss_sum):
+        finite = totals[0].isfinite()
+        if not self.skips_on_device and not bool(finite):  # a host wait, where the device cannot skip
             self.optimizer.zero_grad(set_to_none=True)
-            return None
-        lr = learning_rate(step, self.d_model, self.config)
+            return totals
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.rate(step)
         if self.config.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        if self.skips_on_device:
+            self.optimizer.found_inf = (~finite).float()
+        loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.scaler.step(self.optimizer)
         if self.average is not None:
-            self.average.update(step)
-        loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+            self.average.update(step, finite)
         self.scaler.update()  # fp16: halves the scale (and skipped the step) on overflow, grows it when stable
         self.optimizer.zero_grad(set_to_none=True)
-        stats = {"loss": loss_sum, "nll": nll_sum, "tokens": tokens, "lr": lr}
         if self.scaler.is_enabled() and self.scaler.get_scale() != loss_scale:
-            stats["loss_scale"] = (loss_scale, self.scaler.get_scale())
-        return stats
+            self.loss_scale_changes.append((step, loss_scale, self.scaler.get_scale()))
+        return totals
 
     def loss(self, net: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """Label-smoothed loss and NLL sums and the token count of one batch (padding excluded)."""
@@ -239,3 +275,70 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         if self.average is not None and "ema" in state:
             self.average.load_state(state["ema"])
+
+
+class SkipGuard:
+    """Runs Trainer.update, skipping a batch that runs out of memory (one process) or an update
+    with a non-finite loss. The updates' loss sums stay on the device until `read`, which reads
+    all the pending ones in one host wait. MAX_SKIPS_IN_A_ROW of one kind in a row stop the run
+    with advice: the memory cannot hold such batches, or training diverged."""
+
+    def __init__(self, trainer: Trainer, progress: Progress, log: RunLog) -> None:
+        self.trainer, self.progress, self.log = trainer, progress, log
+        self.in_a_row = {"oom": 0, "nonfinite": 0}
+        self.pending: list[tuple[int, torch.Tensor]] = []  # (update, its loss sums on the device)
+
+    def update(self, batches: list[Batch], update_tokens: int, step: int) -> bool:
+        """Queue update `step`; False when its batch ran out of memory (skipped, nothing pending)."""
+        try:
+            totals = self.trainer.update(batches, update_tokens, step)
+        except RuntimeError as e:  # CUDA's OutOfMemoryError is one
+            if not out_of_memory(e):
+                raise
+            self._out_of_memory(step, "CUDA out of memory" if isinstance(e, torch.cuda.OutOfMemoryError)
+                                else "out of memory")
+            return False
+        self.in_a_row["oom"] = 0
+        self.pending.append((step, totals))
+        return True
+
+    def read(self) -> list[tuple[int, dict[str, float]]]:
+        """The pending updates' (update, loss/nll/tokens sums and rate), in one host wait. Those
+        with a non-finite loss were skipped on the device: they are logged, counted as skips and
+        left out (Progress.updates is lowered by their number)."""
+        pending, self.pending = self.pending, []
+        values = torch.stack([totals for _, totals in pending]).tolist() if pending else []
+        for step, before, after in self.trainer.loss_scale_changes:
+            change = "overflow, step skipped" if after < before else "stable, grown"
+            self.log.log(f"fp16 loss scale {before:g} -> {after:g} at update {step} ({change})")
+            self.log.record({"kind": "loss_scale", "update": step, "before": before, "after": after})
+        self.trainer.loss_scale_changes.clear()
+        done = []
+        for (step, _), (loss, nll, tokens) in zip(pending, values):
+            if math.isfinite(loss):
+                self.in_a_row["nonfinite"] = 0
+                done.append((step, {"loss": loss, "nll": nll, "tokens": tokens, "lr": self.trainer.rate(step)}))
+                continue
+            self.progress.updates -= 1
+            self._skipped("nonfinite", step, "non-finite loss", "update", "training diverged; lower the learning "
+                          "rate (--lr-scale/--lr), or use --precision bf16/fp32")
+        return done
+
+    def _out_of_memory(self, step: int, what: str) -> None:
+        runtime, advice = self.trainer.runtime, "lower --max-tokens (and raise --update-freq to keep the update size)"
+        if runtime.world > 1:
+            raise NmtError(f"{what} at update {step} on process {runtime.rank}; {advice}") from None
+        self.trainer.optimizer.zero_grad(set_to_none=True)
+        if runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._skipped("oom", step, what, "batch", f"such batches do not fit; {advice}")
+
+    def _skipped(self, kind: str, step: int, what: str, skipped: str, advice: str) -> None:
+        """Count and log a skip (`kind`: oom or nonfinite); the MAX_SKIPS_IN_A_ROW-th of a kind in a
+        row stops the run."""
+        total = getattr(self.progress, f"{kind}_skips") + 1
+        setattr(self.progress, f"{kind}_skips", total)
+        self.in_a_row[kind] += 1
+        self.log.log(f"{what} at update {step}: {skipped} skipped ({total} so far)")
+        if self.in_a_row[kind] >= MAX_SKIPS_IN_A_ROW:
+            raise NmtError(f"{what} {MAX_SKIPS_IN_A_ROW} times in a row (update {step}): {advice}")

@@ -127,3 +127,38 @@ def test_translate_startup(tmp_path):
     (untrained,) = run("translate_startup.py", "-m", model, "-i", source, "--lines", 1, "--rounds", 1,
                        "--arch", "small")
     assert untrained["model"] == "small" and untrained["stages_s"]["load_checkpoint"] > 0
+
+
+def test_host_overhead_runs_an_update_on_the_meta_device():
+    (result,) = run("host_overhead.py", "--arch", "small", "--vocab", 200, "--max-tokens", 300, "--updates", 2,
+                    "--clip-norm", 1.0)
+    assert result["host_ms_per_update"] > 0 and result["operators_per_update"] > 100
+    assert 0 < sum(result["top_operators"].values()) < result["operators_per_update"]
+
+
+def test_gpu_summary_reads_what_the_stages_wrote(tmp_path):
+    def jsonl(name, *rows):
+        (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    (tmp_path / "device.txt").write_text("NVIDIA H100 80GB HBM3, 81559 MiB, 550.54\ntorch 2.13.0+cu128\n")
+    ours = {"model": "nmt-cli", "arch": "big", "compile": False, "target_tokens_per_s": 150000.0, "mfu_6nd": 0.2}
+    jsonl("gpu_speed.jsonl", ours, {**ours, "compile": True, "target_tokens_per_s": 250000.0, "mfu_6nd": 0.33},
+          {"model": "torch.nn.Transformer", "arch": "big", "compile": True, "target_tokens_per_s": 140000.0},
+          {"arch": "big", "compile": True, "speedup_over_torch_nn_transformer": 1.8})
+    decode = {"model": "/tmp/w/small/checkpoint_last.pt", "device": "cuda", "cuda_graphs": False,
+              "steps_between_reads": 8}
+    jsonl("decode_speed.jsonl", {**decode, "dtype": "float32", "target_tokens_per_s": 30000.0},
+          {**decode, "dtype": "bfloat16", "target_tokens_per_s": 39000.0},
+          {**decode, "dtype": "bfloat16", "cuda_graphs": True, "target_tokens_per_s": 50000.0})
+    jsonl("translate_startup.jsonl", {"device": "cuda", "cuda_graphs": False, "median_s": 2.5},
+          {"device": "cpu", "cuda_graphs": False, "median_s": 3.1})
+    (tmp_path / "pytest.txt").write_text("FAILED tests/test_gpu.py::test_x\n1 failed, 520 passed in 300s\n")
+    subprocess.run([sys.executable, str(BENCHMARKS / "gpu_summary.py"), tmp_path], check=True, capture_output=True)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["device"].startswith("NVIDIA H100") and summary["torch"] == "2.13.0+cu128"
+    assert (summary["big_tok_s"], summary["mfu_big"], summary["big_run"]) == (250000.0, 0.33, "compiled")
+    assert summary["base_tok_s"] is None and summary["mfu_base"] is None  # not measured: null, never a guess
+    assert summary["anchor_big_compiled_tok_s"] == 140000.0
+    assert summary["decode_small_tok_s"] == 50000.0 and summary["decode_small_run"]["cuda_graphs"]
+    assert summary["decode_bf16_over_fp32"] == 1.3 and summary["decode_base_tok_s"] is None
+    assert summary["translate_100_lines_s"] == 2.5 and summary["pytest_failed"] == 1

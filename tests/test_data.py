@@ -1,10 +1,23 @@
-"""Binarized arrays and token batching."""
+"""Binarized arrays, token batching and length buckets."""
+
+import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, Prefetcher, pad, shuffled, token_batches, token_dtype
+from nmt_cli.data import (
+    ArrayWriter,
+    IndexedArray,
+    ParallelData,
+    Prefetcher,
+    length_buckets,
+    pad,
+    shapes_and_padding,
+    shuffled,
+    token_batches,
+    token_dtype,
+)
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -121,3 +134,69 @@ def test_shuffle_depends_on_seed_and_epoch_only():
 
 def test_batch_tensors_are_int64():
     assert pad([np.array([1], dtype=np.uint16)]).dtype == torch.int64
+
+
+# ------------------------------------------------------------------ length buckets (static shapes)
+
+def test_length_buckets_are_the_least_padding_choice():
+    """Against every choice of 3 lengths among those that occur (the longest always one of them)."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(1, 30, 500)
+    tgt = np.clip(src + rng.integers(-4, 5, 500), 1, None)
+    longest = np.maximum(src, tgt)
+
+    def padded(lengths):
+        return int(np.asarray(lengths)[np.searchsorted(lengths, longest)].sum())
+
+    values = np.unique(longest)
+    brute = min(padded(list(rest) + [values[-1]]) for rest in itertools.combinations(values[:-1], 2))
+    buckets = length_buckets(src, tgt, 3)
+    assert len(buckets) == 3 and buckets[-1] == longest.max() and padded(buckets) == brute
+    assert longest.max() == 33
+    assert list(length_buckets(src, tgt, 100, multiple=8)) == [8, 16, 24, 32, 40]  # fewer occur than asked
+    two = length_buckets(src, tgt, 2, multiple=8)
+    assert two[-1] == 40 and padded(two) == min(padded([b, 40]) for b in (8, 16, 24, 32))
+
+
+def wmt_like_lengths(pairs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Source ~ lognormal (median 25 tokens), target 0.8-1.25x it, EOS included, at most 200."""
+    rng = np.random.default_rng(seed)
+    src = np.clip(rng.lognormal(np.log(25), 0.5, pairs), 3, 199).astype(np.int64)
+    return src + 1, np.clip(src * rng.uniform(0.8, 1.25, pairs), 3, 199).astype(np.int64) + 1
+
+
+class Lengths:
+    """A ParallelData's lengths alone, for shapes_and_padding."""
+
+    def __init__(self, src: np.ndarray, tgt: np.ndarray) -> None:
+        self.src_lengths, self.tgt_lengths = src, tgt
+
+
+def test_length_buckets_give_an_epoch_of_few_shapes():
+    """An epoch of 300,000 pairs of WMT-like lengths at 25,000 tokens, padded to multiples of 8:
+    16 buckets give at most 32 (rows, length, length) shapes, every pair once, every batch within
+    the token budget, with little more padding than batches padded to their own longest side."""
+    src, tgt = wmt_like_lengths(300_000)
+    buckets = length_buckets(src, tgt, 16, multiple=8)
+    assert len(buckets) <= 16 and all(b % 8 == 0 for b in buckets) and buckets[-1] >= max(src.max(), tgt.max())
+    batches = token_batches(src, tgt, 25_000, None, 8, buckets)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(300_000))
+    widths = [int(buckets[np.searchsorted(buckets, max(src[b].max(), tgt[b].max()))]) for b in batches]
+    assert all(len(b) * width <= 25_000 for b, width in zip(batches, widths))
+    shapes, padding = shapes_and_padding(Lengths(src, tgt), batches, 8, buckets)
+    assert shapes == len({(len(b), width) for b, width in zip(batches, widths)}) <= 2 * len(buckets)
+    plain = token_batches(src, tgt, 25_000, None, 8)
+    plain_shapes, plain_padding = shapes_and_padding(Lengths(src, tgt), plain, 8)
+    assert plain_shapes > shapes and padding < plain_padding + 0.05
+
+
+def test_bucketed_batches_are_collated_to_their_bucket_length(tmp_path):
+    src = write_array(tmp_path / "s", [[5, 6], [7], [5] * 9])
+    tgt = write_array(tmp_path / "t", [[8], [9, 10, 11], [8] * 4])
+    data, buckets = ParallelData(src, tgt), np.array([5, 10])
+    batch = data.collate([0, 1], buckets=buckets)
+    assert batch.src.shape == batch.tgt_in.shape == batch.tgt_out.shape == (2, 5)
+    assert batch.tgt_out.tolist()[1] == [9, 10, 11, EOS_ID, PAD_ID] and batch.target_tokens == 6
+    assert data.collate([2], buckets=buckets).src.shape == (1, 10)
+    prefetched = Prefetcher(data, 1, background=False, buckets=buckets).get([np.array([0, 1])])
+    assert prefetched[0].src.shape == (2, 5)

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir
 
 from nmt_cli import checkpoint as ckpt
-from nmt_cli import device, trainer
+from nmt_cli import device, train, trainer
 from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
 from nmt_cli.config import TrainConfig
+from nmt_cli.data import shapes_and_padding
 from nmt_cli.errors import NmtError
 from nmt_cli.savedir import numbered
 from nmt_cli.train import TrainingRun
@@ -320,6 +321,72 @@ def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
     assert run.progress.nonfinite_skips == 2 + 5 and run.progress.updates == 9 - 2
     assert all(torch.isfinite(v).all() for v in run.model.state_dict().values())
     assert any(not torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+
+
+def without_key_bias(name: str, weight: torch.Tensor, d_model: int) -> torch.Tensor:
+    """A weight without its keys' bias, if it holds one: that bias shifts every score of a query
+    alike, so its gradient is rounding, which Adam scales up to steps of the learning rate's size."""
+    if name.endswith("qkv.bias"):
+        return torch.cat([weight[:d_model], weight[2 * d_model:]])
+    return weight[d_model:] if name.endswith("kv.bias") else weight
+
+
+def test_compiled_update_compiles_once_per_batch_shape(tmp_path, monkeypatch):
+    """--compile with --length-buckets: dynamo compiles the model once per batch shape of the
+    epoch (its counters), never again for a shape seen, and the updates agree with eager ones. On
+    the CPU with the aot_eager backend, which traces forward and backward as inductor does,
+    without generating code."""
+    from torch._dynamo.utils import counters
+
+    data = synthetic_data_dir(tmp_path)
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda net, **options: real_compile(net, backend="aot_eager", **options))
+    torch._dynamo.reset()
+    counters.clear()
+    model = TINY.replace(dropout=0.0)  # the same numbers, dropout masks aside
+    compiled = run_training(data, tmp_path / "compiled", model, max_updates=40, length_buckets=3, compile=True)
+    compiled.run()
+    shapes, _ = shapes_and_padding(compiled.train, compiled.batches, 1, compiled.buckets)
+    assert len(compiled.buckets) == 3 and 3 <= shapes <= 6 and len(compiled.batches) < 40  # every shape seen
+    assert counters["stats"]["unique_graphs"] == shapes
+    eager = run_training(data, tmp_path / "eager", model, max_updates=40, length_buckets=3)
+    eager.run()
+    for (name, a), b in zip(params(tmp_path / "compiled").items(), params(tmp_path / "eager").values()):
+        a, b = without_key_bias(name, a, model.d_model), without_key_bias(name, b, model.d_model)
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), name
+    losses = [[entry["loss"] for entry in map(json.loads, (tmp_path / run / "train_log.jsonl").read_text().splitlines())
+               if entry["kind"] == "train"] for run in ("compiled", "eager")]
+    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_losses_read_every_few_updates_give_the_same_run(tmp_path, monkeypatch):
+    """On a GPU the host reads the updates' losses every few updates (kernels.steps_between_reads),
+    not after each: the same run as reading each (the CPU's), non-finite skips found at the read."""
+    data = synthetic_data_dir(tmp_path)
+    runs, logs = [], []
+    for every in (1, 4):
+        monkeypatch.setattr(train, "steps_between_reads", lambda device, every=every: every)
+        run = run_training(data, tmp_path / f"ck{every}", max_updates=12, log_interval=4)
+        real, calls = run.trainer.net.forward, []
+
+        def nan_at_3_and_4(*args, real=real, calls=calls):
+            calls.append(1)
+            return real(*args) * float("nan") if len(calls) in (3, 4) else real(*args)
+
+        monkeypatch.setattr(run.trainer.net, "forward", nan_at_3_and_4)
+        agreed, agree = [], run.runtime.agree
+        monkeypatch.setattr(run.runtime, "agree", lambda *flags, agree=agree, agreed=agreed: agreed.append(1) or
+                            agree(*flags))
+        runs.append(run.run())
+        assert len(agreed) == {1: 14, 4: 3}[every]  # time and signals: after each update, or at updates 4, 8, 12
+        assert {int(state["step"]) for state in run.trainer.optimizer.state.values()} == {12}  # steps applied
+        logs.append([json.loads(line) for line in (tmp_path / f"ck{every}/train_log.jsonl").read_text().splitlines()])
+    assert runs[0].updates == runs[1].updates == 12 and runs[0].nonfinite_skips == runs[1].nonfinite_skips == 2
+    assert all(torch.equal(a, b) for a, b in zip(params(tmp_path / "ck1").values(), params(tmp_path / "ck4").values()))
+    for entries in logs:
+        for entry in entries:
+            entry.pop("elapsed_s", None), entry.pop("tokens_per_s", None)
+    assert logs[0] == logs[1] and [e["update"] for e in logs[0] if e["kind"] == "train"] == [4, 8, 12]
 
 
 @pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB"),

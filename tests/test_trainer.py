@@ -1,10 +1,16 @@
-"""The trainer's pieces that stand alone: the exponential moving average of the weights."""
+"""The trainer's pieces: the exponential moving average of the weights, one update without host waits."""
 
+import copy
+import sys
+
+import pytest
 import torch
 
 from nmt_cli.architecture import PRESETS
+from nmt_cli.config import TrainConfig
+from nmt_cli.data import Batch
 from nmt_cli.model import Transformer
-from nmt_cli.trainer import WeightAverage
+from nmt_cli.trainer import Runtime, Trainer, WeightAverage
 from nmt_cli.vocab import PAD_ID
 
 
@@ -23,12 +29,73 @@ def test_average_follows_the_formula_and_swaps_in_and_out():
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.5)
-        average.update(step)
+        average.update(step, torch.tensor(True))
         d = min(0.9, (1 + step) / (10 + step))  # 0.18, 0.25, then the decay itself
         expected = [d * e + (1 - d) * p.detach() for e, p in zip(expected, model.parameters())]
+        average.update(step + 1, torch.tensor(False))  # a skipped update: the average stays
     assert all(torch.allclose(a, e, atol=1e-6) for a, e in zip(average.average, expected))
     own = [p.detach().clone() for p in model.parameters()]
     with average.swapped_in():
         assert all(torch.equal(p, a) for p, a in zip(model.parameters(), average.average))
     assert all(torch.equal(p, o) for p, o in zip(model.parameters(), own))
     assert len(average.state()) == len(list(model.parameters()))  # the shared embedding once
+
+
+def tiny_trainer(device: str = "cpu", **config: float) -> Trainer:
+    model = tiny().to(device)
+    return Trainer(model, TrainConfig(lr=1e-2, warmup=1, lr_schedule="inverse-sqrt", **config),
+                   Runtime(torch.device(device), torch.float32))
+
+
+def tiny_batch(device: str = "cpu") -> Batch:
+    tokens = torch.tensor([[5, 6, 7, 2], [8, 9, 2, PAD_ID]], device=device)
+    return Batch(tokens, tokens, tokens)
+
+
+def test_a_non_finite_update_is_skipped_on_the_device():
+    """The update returns its loss sums unread; with a non-finite loss fused Adam's found_inf leaves
+    the weights, Adam's moments and step count, and the weight average as they were."""
+    trainer = tiny_trainer(ema_decay=0.9)
+    assert trainer.skips_on_device
+    trainer.update([tiny_batch()], 5, 1)
+    def everything() -> tuple:
+        return trainer.model.state_dict(), trainer.optimizer.state_dict()["state"], trainer.average.state()
+
+    state = copy.deepcopy(everything())
+    real = trainer.net.forward
+    trainer.net.forward = lambda *args: real(*args) * float("nan")
+    totals = trainer.update([tiny_batch()], 5, 2)
+    assert totals.device.type == "cpu" and not totals[0].isfinite()
+    assert_equal_trees(everything(), state)
+    trainer.net.forward = real
+    assert trainer.update([tiny_batch()], 5, 2)[0].isfinite()
+    assert not torch.equal(trainer.model.state_dict()["output_projection.weight"],
+                           state[0]["output_projection.weight"])
+
+
+def assert_equal_trees(a: object, b: object) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_equal_trees(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_equal_trees(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    else:
+        assert a == b
+
+
+def test_an_update_never_waits_for_the_device(monkeypatch):
+    """On the meta device any read of a value fails: an update (forward, loss, backward, clipping,
+    fused Adam, weight average) that runs there queues work without ever waiting for it."""
+    adam = sys.modules["torch.optim.adam"]  # meta is not among fused Adam's devices; its kernel runs there all the same
+    monkeypatch.setattr(adam, "_device_dtype_check_for_fused", lambda *args, **kwargs: None)
+    trainer = tiny_trainer("meta", ema_decay=0.9, clip_norm=1.0)
+    assert trainer.skips_on_device and not trainer.project_real_only
+    totals = trainer.update([tiny_batch("meta")], 5, 1)
+    assert totals.is_meta and totals.shape == (3,)
+    with pytest.raises(NotImplementedError):  # what a read does there
+        totals.tolist()

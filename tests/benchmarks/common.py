@@ -17,11 +17,27 @@ import torch
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData
 from nmt_cli.search import Hypothesis
 from nmt_cli.translator import Translator
 from nmt_cli.vocab import EOS_ID
 
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+
+
+def wmt_like_pairs(directory: Path, pairs: int, vocab: int, seed: int = 0) -> ParallelData:
+    """Random sentence pairs of WMT14 en-de's lengths (source: mean 27 tokens, sd 12, clipped to
+    4-128; target = source x U(0.8, 1.25)), written as binarized data under `directory`."""
+    rng = np.random.default_rng(seed)
+    src_len = np.clip(rng.normal(27, 12, pairs), 4, 128).astype(int)
+    tgt_len = np.clip(src_len * rng.uniform(0.8, 1.25, pairs), 4, 128).astype(int)
+    arrays = []
+    for name, lengths in (("src", src_len), ("tgt", tgt_len)):
+        writer = ArrayWriter(directory / name, np.dtype(np.int32))
+        writer.extend(rng.integers(4, vocab, int(lengths.sum())), lengths)
+        writer.close()
+        arrays.append(IndexedArray(directory / name, np.dtype(np.int32)))
+    return ParallelData(*arrays)
 
 
 def reference_log_probs(translator: Translator, sources: list[list[int]],

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, then the training benchmarks side by side with a
 # plain torch.nn.Transformer, and a profile; decoding speed, its profile and `nmt translate`'s
-# start-up. Results go to $OUT (default: ./gpu-results).
+# start-up. Results go to $OUT (default: ./gpu-results), with summary.json (gpu_summary.py) after each call.
 #   WHEELS=DIR   wheels to install first (subword-nmt, sacremoses, ... where the machine lacks them)
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
-#   STAGES="tests speed compile decode"   which parts to run (default: all but decode)
+#   STAGES="tests speed compile buckets decode"   which parts to run (default: tests speed compile);
+#     one or two per call keep a call within a 10-minute limit
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
 #     call keeps a call within a 10-minute limit: "base" in a second call), then decodes
 #     test_2016_flickr in fp32 and bf16 without and with --cuda-graphs, with graphs also reading the
@@ -41,6 +42,12 @@ if [[ $STAGES == *compile* ]]; then
             | tee -a "$OUT/gpu_speed.jsonl"
     done
 fi
+if [[ $STAGES == *buckets* ]]; then  # compiled, once per shape of 16 length buckets (nmt train --length-buckets)
+    for arch in ${COMPILE_ARCHS:-base big}; do
+        timeout 280 python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --length-buckets 16 \
+            2>>"$OUT/stderr.txt" | tee -a "$OUT/gpu_speed.jsonl"
+    done
+fi
 if [[ $STAGES == *decode* ]]; then
     multi30k=$NMT_SHARED_DATA/multi30k
     work=$(mktemp -d)
@@ -72,3 +79,4 @@ if [[ $STAGES == *decode* ]]; then
     done
     rm -rf "$work"
 fi
+python3 tests/benchmarks/gpu_summary.py "$OUT"  # summary.json: the figures so far, null where unmeasured

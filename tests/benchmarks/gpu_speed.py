@@ -10,8 +10,12 @@ SXM, 989 TFLOP/s):
   mfu_matmul: 6 x (encoder parameters x source tokens + (decoder parameters + V x d) x target
   tokens)/s, the matmul FLOPs an encoder-decoder really does (attention scores not counted).
 On a GPU it also counts the calls that made the host wait for the device in the timed updates
-(torch.cuda.set_sync_debug_mode): host_waits_per_update, 1 by design (the update's loss sums,
-read to skip a non-finite update and to log).
+(torch.cuda.set_sync_debug_mode): host_waits_per_update, 1 / kernels.steps_between_reads by design
+(the updates' loss sums, read as `nmt train` reads them: every few updates, to log and to count
+the updates skipped on the device for a non-finite loss).
+
+`--length-buckets N` pads the batches as `nmt train --length-buckets N` does; every line says the
+epoch's batch shapes and padding share.
 
 `--baseline` also trains a plain `torch.nn.Transformer` of the same size (shared embeddings,
 sinusoidal positions, label-smoothed `F.cross_entropy`, fused Adam, the same autocast) on the same
@@ -32,27 +36,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import HostWaits
+from common import HostWaits, wmt_like_pairs
 
 from nmt_cli.architecture import PRESETS, ModelConfig
 from nmt_cli.config import TrainConfig
-from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData, Prefetcher, token_batches
+from nmt_cli.data import ParallelData, Prefetcher, length_buckets, shapes_and_padding, token_batches
+from nmt_cli.kernels import steps_between_reads
 from nmt_cli.model import Transformer, positional_encoding
 from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
-
-
-def synthetic_pairs(directory: Path, pairs: int, vocab: int, seed: int = 0) -> ParallelData:
-    rng = np.random.default_rng(seed)
-    src_len = np.clip(rng.normal(27, 12, pairs), 4, 128).astype(int)
-    tgt_len = np.clip(src_len * rng.uniform(0.8, 1.25, pairs), 4, 128).astype(int)
-    arrays = []
-    for name, lengths in (("src", src_len), ("tgt", tgt_len)):
-        writer = ArrayWriter(directory / name, np.dtype(np.int32))
-        writer.extend(rng.integers(4, vocab, int(lengths.sum())), lengths)
-        writer.close()
-        arrays.append(IndexedArray(directory / name, np.dtype(np.int32)))
-    return ParallelData(*arrays)
 
 
 class PlainTransformer(torch.nn.Module):
@@ -107,17 +99,24 @@ def profile(update: Callable[[int], None], steps: int, path: Path) -> None:
 
 
 def ours(args: argparse.Namespace, runtime: Runtime, config: TrainConfig, data: ParallelData,
-         batches: list[np.ndarray], vocab: int) -> dict:
+         batches: list[np.ndarray], vocab: int, buckets: np.ndarray | None, warmup: int) -> dict:
     model = Transformer(PRESETS[args.arch], vocab, vocab, PAD_ID, True).to(runtime.device)
     trainer = Trainer(model, config, runtime)
-    prefetcher = Prefetcher(data, 8 if runtime.device.type == "cuda" else 1, background=runtime.device.type == "cuda")
+    prefetcher = Prefetcher(data, 8 if runtime.device.type == "cuda" else 1, background=runtime.device.type == "cuda",
+                            buckets=buckets)
+
+    read_every, pending = steps_between_reads(runtime.device), []
 
     def update(step: int) -> None:
         if step + 1 < len(batches):
             prefetcher.prefetch([batches[step + 1]])
-        trainer.update(prefetcher.get([batches[step]]), int(data.tgt_lengths[batches[step]].sum()), step + 1)
+        pending.append(trainer.update(prefetcher.get([batches[step]]), int(data.tgt_lengths[batches[step]].sum()),
+                                      step + 1))
+        if len(pending) == read_every:  # as nmt train reads the losses
+            torch.stack(pending).tolist()
+            pending.clear()
 
-    seconds, waits = time_updates(update, len(batches), args.warmup, runtime.device.type == "cuda")
+    seconds, waits = time_updates(update, len(batches), warmup, runtime.device.type == "cuda")
     if args.profile is not None:
         profile(update, len(batches), args.profile)
     prefetcher.close()
@@ -128,13 +127,13 @@ def ours(args: argparse.Namespace, runtime: Runtime, config: TrainConfig, data: 
 
 
 def baseline(args: argparse.Namespace, runtime: Runtime, config: TrainConfig, data: ParallelData,
-             batches: list[np.ndarray], vocab: int) -> dict:
+             batches: list[np.ndarray], vocab: int, buckets: np.ndarray | None, warmup: int) -> dict:
     preset = PRESETS[args.arch]
     model = PlainTransformer(preset, vocab).to(runtime.device)
     net = torch.compile(model) if args.compile else model
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                                  fused=runtime.device.type == "cuda")
-    collated = [data.collate(b, 8 if runtime.device.type == "cuda" else 1) for b in batches]
+    collated = [data.collate(b, 8 if runtime.device.type == "cuda" else 1, buckets) for b in batches]
     if runtime.device.type == "cuda":
         collated = [b.pin_memory() for b in collated]
 
@@ -148,7 +147,7 @@ def baseline(args: argparse.Namespace, runtime: Runtime, config: TrainConfig, da
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    seconds, waits = time_updates(update, len(batches), args.warmup, runtime.device.type == "cuda")
+    seconds, waits = time_updates(update, len(batches), warmup, runtime.device.type == "cuda")
     return {"model": "torch.nn.Transformer", "parameters": sum(p.numel() for p in model.parameters()),
             "seconds": seconds, "host_waits": waits}
 
@@ -163,27 +162,37 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--length-buckets", type=int, default=0, help="as nmt train's; the untimed updates then "
+                        "include one batch of every shape, so that no compilation is timed")
     parser.add_argument("--baseline", action="store_true", help="also time a plain torch.nn.Transformer")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--profile", type=Path, help="write a torch.profiler table of our trainer here")
     args = parser.parse_args()
     config = TrainConfig(max_tokens=args.max_tokens, device=args.device, precision=args.precision,
-                         compile=args.compile, lr_schedule="inverse-sqrt", lr=5e-4)
+                         compile=args.compile, length_buckets=args.length_buckets, lr_schedule="inverse-sqrt",
+                         lr=5e-4)
     runtime = set_up_runtime(config)
     cuda = runtime.device.type == "cuda"
     vocab = -(-args.vocab // 8) * 8
     with tempfile.TemporaryDirectory() as work:
-        data = synthetic_pairs(Path(work), 200_000, vocab)
-        all_batches = token_batches(data.src_lengths, data.tgt_lengths, args.max_tokens,
-                                    pad_to_multiple=8 if cuda else 1)
+        data = wmt_like_pairs(Path(work), 200_000, vocab)
+        multiple = 8 if cuda else 1
+        buckets = length_buckets(data.src_lengths, data.tgt_lengths, args.length_buckets, multiple) \
+            if args.length_buckets else None
+        all_batches = token_batches(data.src_lengths, data.tgt_lengths, args.max_tokens, None, multiple, buckets)
         order = np.random.default_rng(1).permutation(len(all_batches))[: args.warmup + args.updates]
         batches = [all_batches[b] for b in order]
-        timed = batches[args.warmup:]
+        if buckets is not None:  # one batch of each shape first, untimed
+            shapes = {(len(b), data.collate(b[:1], multiple, buckets).src.size(1)): b for b in all_batches}
+            batches = [*shapes.values(), *batches]
+        shape_count, padding = shapes_and_padding(data, all_batches, multiple, buckets)
+        warmup = len(batches) - args.updates
+        timed = batches[warmup:]
         src_tokens = int(sum(data.src_lengths[b].sum() for b in timed))
         tgt_tokens = int(sum(data.tgt_lengths[b].sum() for b in timed))
-        runs = [ours(args, runtime, config, data, batches, vocab)]
+        runs = [ours(args, runtime, config, data, batches, vocab, buckets, warmup)]
         if args.baseline:
-            runs.append(baseline(args, runtime, config, data, batches, vocab))
+            runs.append(baseline(args, runtime, config, data, batches, vocab, buckets, warmup))
     peak = args.peak_tflops * 1e12
     d_model = PRESETS[args.arch].d_model
     for run in runs:
@@ -191,6 +200,7 @@ def main() -> None:
         result = {"benchmark": "gpu_speed", "model": run["model"], "arch": args.arch, "parameters": run["parameters"],
                   "device": str(runtime.device), "device_name": torch.cuda.get_device_name() if cuda else "cpu",
                   "dtype": str(runtime.dtype), "compile": args.compile, "max_tokens": args.max_tokens,
+                  "length_buckets": args.length_buckets, "epoch_shapes": shape_count, "padding": round(padding, 3),
                   "updates": args.updates, "target_tokens_per_s": round(tgt_tokens / seconds, 1),
                   "updates_per_s": round(args.updates / seconds, 3),
                   "mfu_6nd": round(6 * run["parameters"] * tgt_tokens / seconds / peak, 4),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import resource
 import tempfile
@@ -86,8 +87,8 @@ def main() -> None:
 def update(run: TrainingRun, indices: np.ndarray, step: int) -> int:
     """One update on one batch; its target tokens (0 if the update was skipped)."""
     batch = run.train.collate(indices, run.pad_multiple)
-    stats = run.trainer.update([batch], int(run.train.tgt_lengths[indices].sum()), step)
-    return stats["tokens"] if stats else 0
+    loss, _, tokens = run.trainer.update([batch], int(run.train.tgt_lengths[indices].sum()), step).tolist()
+    return int(tokens) if math.isfinite(loss) else 0
 
 
 def dropout_ab(run: TrainingRun, batches: list, warmup: int) -> dict[str, float]:
