@@ -93,7 +93,7 @@ class ParallelData:
         length = None
         if buckets is not None:
             longest = max(int(self.src_lengths[indices].max()), int(self.tgt_lengths[indices].max()))
-            length = int(buckets[np.searchsorted(buckets, longest)])
+            length = int(padded_length(longest, 1, buckets))
         return Batch.make([self.source[i] for i in indices], [self.target[i] for i in indices],
                           pad_to_multiple, length)
 
@@ -132,7 +132,7 @@ def pad(sequences: Sequence[np.ndarray], multiple: int = 1, first: int | None = 
     lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
     start = int(first is not None)
     full = lengths + start + int(last is not None)
-    longest = -(-int(full.max()) // multiple) * multiple if length is None else length
+    longest = int(padded_length(full.max(), multiple)) if length is None else length
     assert longest >= full.max(), f"padding to {longest} cuts a sequence of {full.max()}"
     out = np.full((len(sequences), longest), value, dtype=np.int64)
     if first is not None:
@@ -183,13 +183,21 @@ class Prefetcher:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+def padded_length(length: np.ndarray | int, multiple: int = 1, buckets: np.ndarray | None = None) -> np.ndarray:
+    """What a sequence of `length` (elementwise) is padded to: the next multiple of `multiple`, or
+    with `buckets` the smallest bucket length that holds it."""
+    if buckets is not None:
+        return buckets[np.searchsorted(buckets, length)]
+    return -(-np.asarray(length) // multiple) * multiple
+
+
 def length_buckets(src_lengths: np.ndarray, tgt_lengths: np.ndarray, count: int, multiple: int = 1) -> np.ndarray:
     """At most `count` lengths, multiples of `multiple`, that batches are padded to (both sides),
     so that a compiled or captured update sees few shapes. They minimize the padded tokens (the
     sum over pairs of the bucket length of their longer side), by dynamic programming over the
     lengths that occur; the last is the longest pair's."""
     longest = np.maximum(src_lengths, tgt_lengths)
-    values, counts = np.unique(-(-longest // multiple) * multiple, return_counts=True)
+    values, counts = np.unique(padded_length(longest, multiple), return_counts=True)
     if len(values) <= count:
         return values
     upto = np.cumsum(counts).astype(np.float64)  # pairs at or under each value
@@ -223,12 +231,8 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     if len(longest) and longest.max() > max_tokens:
         i = int(longest.argmax())
         raise ValueError(f"sentence pair {i + 1} has {int(longest[i])} tokens, more than max_tokens={max_tokens}")
-    if buckets is None:
-        widths = -(-longest // pad_to_multiple) * pad_to_multiple
-        order = np.lexsort((src_lengths, tgt_lengths))
-    else:
-        widths = buckets[np.searchsorted(buckets, longest)]
-        order = np.lexsort((src_lengths, tgt_lengths, widths))
+    widths = padded_length(longest, pad_to_multiple, buckets)
+    order = np.lexsort((src_lengths, tgt_lengths) if buckets is None else (src_lengths, tgt_lengths, widths))
     batches, start, width = [], 0, 0
     for position, i in enumerate(order):
         padded = int(widths[i])
@@ -248,16 +252,16 @@ def shapes_and_padding(data: ParallelData, batches: list[np.ndarray], pad_to_mul
                        buckets: np.ndarray | None = None) -> tuple[int, float]:
     """The distinct (rows, source length, target length) shapes of `batches` as `collate` pads
     them, and the share of their positions that are padding."""
-    shapes, positions = set(), 0
+    shapes, positions, real = set(), 0, 0
     for indices in batches:
-        src, tgt = int(data.src_lengths[indices].max()), int(data.tgt_lengths[indices].max())
+        src, tgt = data.src_lengths[indices], data.tgt_lengths[indices]
         if buckets is None:
-            src, tgt = (-(-length // pad_to_multiple) * pad_to_multiple for length in (src, tgt))
+            sides = (int(padded_length(src.max(), pad_to_multiple)), int(padded_length(tgt.max(), pad_to_multiple)))
         else:
-            src = tgt = int(buckets[np.searchsorted(buckets, max(src, tgt))])
-        shapes.add((len(indices), src, tgt))
-        positions += len(indices) * (src + tgt)
-    real = sum(int(data.src_lengths[indices].sum() + data.tgt_lengths[indices].sum()) for indices in batches)
+            sides = (int(padded_length(max(src.max(), tgt.max()), 1, buckets)),) * 2
+        shapes.add((len(indices), *sides))
+        positions += len(indices) * sum(sides)
+        real += int(src.sum() + tgt.sum())
     return len(shapes), 1 - real / max(positions, 1)
 
 

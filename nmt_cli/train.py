@@ -44,6 +44,7 @@ from nmt_cli.vocab import PAD_ID
 if TYPE_CHECKING:
     from nmt_cli.score import Score
 
+
 def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:
     """Refuse data with a sequence longer than the model's positions, naming the valid pair."""
     longest = max(int(max(train.src_lengths.max(), train.tgt_lengths.max())) for train in trains)
@@ -308,11 +309,10 @@ class TrainingRun:
         c, p = self.config, self.progress
         if advanced and p.updates % self.read_every and p.done(c) is None and not any(self._interval_due()):
             return None
+        self._read()  # what validates, saves or stops counts only the updates that were applied
         out_of_time = c.max_time is not None and self.elapsed() >= c.max_time * 60
         save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
         out_of_time, save_due, signalled = self.runtime.agree(out_of_time, save_due, bool(interrupted))
-        if out_of_time or save_due or signalled or p.done(c) is not None or (advanced and any(self._interval_due())):
-            self._read()  # what validates, saves or stops counts only the updates that were applied
         stop = Stop.INTERRUPTED if signalled else Stop.MAX_TIME if out_of_time else p.done(c)
         best = False
         validate_due, save_interval_due = self._interval_due(advanced)

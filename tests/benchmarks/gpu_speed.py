@@ -40,7 +40,7 @@ from common import HostWaits, wmt_like_pairs
 
 from nmt_cli.architecture import PRESETS, ModelConfig
 from nmt_cli.config import TrainConfig
-from nmt_cli.data import ParallelData, Prefetcher, length_buckets, shapes_and_padding, token_batches
+from nmt_cli.data import ParallelData, Prefetcher, length_buckets, padded_length, shapes_and_padding, token_batches
 from nmt_cli.kernels import steps_between_reads
 from nmt_cli.model import Transformer, positional_encoding
 from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
@@ -183,7 +183,8 @@ def main() -> None:
         order = np.random.default_rng(1).permutation(len(all_batches))[: args.warmup + args.updates]
         batches = [all_batches[b] for b in order]
         if buckets is not None:  # one batch of each shape first, untimed
-            shapes = {(len(b), data.collate(b[:1], multiple, buckets).src.size(1)): b for b in all_batches}
+            shapes = {(len(b), int(padded_length(max(data.src_lengths[b].max(), data.tgt_lengths[b].max()), 1,
+                                                 buckets))): b for b in all_batches}
             batches = [*shapes.values(), *batches]
         shape_count, padding = shapes_and_padding(data, all_batches, multiple, buckets)
         warmup = len(batches) - args.updates
