@@ -129,7 +129,11 @@ class TrainConfig(Options):
     seed: int = knob(1, "Seed of initialization, dropout and batch order.", min=0, max=SEED_MAX)
     precision: str = _precision_knob()
     device: str = _device_knob()
-    compile: bool = knob(False, "torch.compile the model.")
+    compile: bool = knob(False, "torch.compile the model and its loss (forward and backward).")
+    compile_mode: str = knob("default", "torch.compile's mode; reduce-overhead also replays each compiled graph as "
+                             "a CUDA graph (one per batch shape: use it with --length-buckets).",
+                             choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                             only_if=(lambda c: c.compile, "with --compile"))
     length_buckets: int = knob(0, "Pad every batch, both sides, to one of at most N lengths chosen for the "
                                "least padding: at most 2N batch shapes, so --compile compiles each once "
                                "(0: each batch padded to its own longest side).", min=0, max=256)
@@ -139,6 +143,9 @@ class TrainConfig(Options):
         super().__post_init__()
         if self.best_checkpoint_metric != "ppl" and not self.eval_bleu:
             raise ValueError(f"best_checkpoint_metric={self.best_checkpoint_metric} needs eval_bleu (--eval-bleu)")
+        if self.compile and self.compile_mode in ("reduce-overhead", "max-autotune") and not self.length_buckets:
+            raise ValueError(f"--compile-mode {self.compile_mode} records a CUDA graph for each batch shape: give "
+                             "--length-buckets N (at most 2N shapes)")
 
 
 _WORDS = (lambda c: not c.sentencepiece, "to --subword bpe (SentencePiece reads the raw text)")

@@ -57,9 +57,18 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple
 
     `logits` (..., V) and `target` (...) hold real tokens only, or padding marked by PAD_ID.
     Smoothing follows Szegedy et al.: the target distribution is (1 - eps) on the reference
-    plus eps / V on every class, so loss = (1 - eps) * NLL + eps * mean_v(-log p_v).
+    plus eps / V on every class, so loss = (1 - eps) * NLL + eps * mean_v(-log p_v). Inside
+    torch.compile it is that definition, which the compiler fuses into a few passes over the
+    logits; elsewhere kernels.SmoothedCrossEntropy, the same numbers in blocks of rows.
     """
-    loss, nll = SmoothedCrossEntropy.apply(logits.flatten(0, -2), target.flatten(), epsilon)
+    logits, target = logits.flatten(0, -2), target.flatten()
+    if torch.compiler.is_compiling():
+        log_probs = logits.float().log_softmax(-1)
+        real = target != PAD_ID
+        nll = -log_probs.gather(-1, target[:, None]).squeeze(-1).masked_fill(~real, 0.0)
+        uniform = -log_probs.mean(-1).masked_fill(~real, 0.0)
+        return ((1 - epsilon) * nll + epsilon * uniform).sum(), nll.detach().sum()
+    loss, nll = SmoothedCrossEntropy.apply(logits, target, epsilon)
     return loss.sum(), nll.sum()
 
 
@@ -114,7 +123,11 @@ class WeightAverage:
         """Move the average toward the weights after update `step`; `applied` (a device flag, 1 or 0)
         says whether the optimizer changed them, so a skipped update leaves the average as it was."""
         weight = (1.0 - min(self.decay, (1 + step) / (10 + step))) * applied.float()
-        torch._foreach_lerp_(self.average, list(self.params), [weight] * len(self.average))  # fp32, as the weights
+        # average += weight * (weights - average) as three multi-tensor kernels: lerp takes a device
+        # weight only as one tensor per parameter, one kernel each
+        step_to_weights = torch._foreach_sub(list(self.params), self.average)
+        torch._foreach_mul_(step_to_weights, weight)
+        torch._foreach_add_(self.average, step_to_weights)
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:
@@ -136,29 +149,42 @@ class WeightAverage:
         self.average = [state[name].to(average.device) for name, average in zip(self.names, self.average)]
 
 
-class KeptLogits(torch.nn.Module):
-    """The model's logits at the target positions a boolean mask `keep` keeps, flattened to (kept,
-    vocab) (all positions without it): what the trainer, and DDP or torch.compile around it, run."""
+class LossSums(torch.nn.Module):
+    """The label-smoothed loss and NLL sums of a batch: what the trainer, and DDP or torch.compile
+    around it, run, so that a compiled update holds the loss too. With `project_real_only`, only
+    the real target positions go through the vocabulary projection (a boolean index: its size is
+    known only to the device, so not on a GPU nor inside torch.compile)."""
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, epsilon: float, project_real_only: bool, dtype: torch.dtype) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.epsilon, self.project_real_only, self.dtype = model, epsilon, project_real_only, dtype
 
-    def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
-        features = self.model.features(src, tgt_in)
-        return self.model.output_projection(features if keep is None else features[keep])
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Mixed precision in the compute dtype; nothing in float32 (nor on devices autocast lacks)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.dtype)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor]:
+        with self.autocast(src.device):
+            features = self.model.features(src, tgt_in)
+            if self.project_real_only:
+                keep = tgt_out != PAD_ID
+                features, tgt_out = features[keep], tgt_out[keep]
+            logits = self.model.output_projection(features)
+        return label_smoothed_loss(logits, tgt_out, self.epsilon)
 
 
-def compiled(net: torch.nn.Module, length_buckets: int) -> torch.nn.Module:
-    """torch.compile(net). With length buckets, one graph per batch shape (dynamic=False: static
-    shapes, the ones CUDA graphs need), and room in dynamo's cache for all 2N of them, which
-    would otherwise fall back to eager after its 8th."""
+def compiled(net: torch.nn.Module, length_buckets: int, mode: str) -> torch.nn.Module:
+    """torch.compile(net, mode=mode). With length buckets, one graph per batch shape
+    (dynamic=False: static shapes, the ones CUDA graphs need), and room in dynamo's cache for all
+    2N of them, which would otherwise fall back to eager after its 8th."""
     if not length_buckets:
-        return torch.compile(net)
+        return torch.compile(net, mode=mode)
     import torch._dynamo.config as dynamo
 
     dynamo.recompile_limit = max(dynamo.recompile_limit, 2 * length_buckets)
-    return torch.compile(net, dynamic=False)
+    return torch.compile(net, mode=mode, dynamic=False)
 
 
 class Trainer:
@@ -167,13 +193,18 @@ class Trainer:
     def __init__(self, model: Transformer, config: TrainConfig, runtime: Runtime) -> None:
         self.model, self.config, self.runtime = use_fast_paths(model), config, runtime
         self.d_model = model.config.d_model
-        self.logits = KeptLogits(model)
-        self.net: torch.nn.Module = self.logits
+        # On the CPU only the real target positions go through the vocabulary projection, the
+        # largest matmul. On a GPU that selection would make the host wait for the device at every
+        # batch and split a compiled graph, so there, and wherever the model is compiled, every
+        # position is projected and the loss masks the padding.
+        real_only = runtime.device.type == "cpu" and not config.compile
+        self.losses = LossSums(model, model.config.label_smoothing, real_only, runtime.dtype)
+        self.net: torch.nn.Module = self.losses
         if runtime.world > 1:
             ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
-            self.net = torch.nn.parallel.DistributedDataParallel(self.logits, device_ids=ids)
+            self.net = torch.nn.parallel.DistributedDataParallel(self.losses, device_ids=ids)
         if config.compile:
-            self.net = compiled(self.net, config.length_buckets)
+            self.net = compiled(self.net, config.length_buckets, config.compile_mode)
         adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
         options = {"lr": 0.0, "betas": (config.adam_beta1, config.adam_beta2), "eps": config.adam_eps,
                    **({"weight_decay": config.weight_decay} if config.weight_decay else {})}
@@ -187,19 +218,6 @@ class Trainer:
         self.skips_on_device = bool(self.optimizer.defaults.get("fused")) and not self.scaler.is_enabled()
         self.loss_scale_changes: list[tuple[int, float, float]] = []  # fp16: (update, before, after)
         self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
-        self.epsilon = model.config.label_smoothing
-        # On the CPU only the real target positions go through the vocabulary projection, the
-        # largest matmul (KeptLogits). On a GPU that selection (a boolean index, its size known
-        # only to the device) would make the host wait for the device at every batch and split a
-        # compiled graph, so there, and wherever the model is compiled, every position is
-        # projected and the loss masks the padding.
-        self.project_real_only = runtime.device.type == "cpu" and not config.compile
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Mixed precision in the compute dtype; nothing in float32 (nor on devices autocast lacks)."""
-        if self.runtime.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype)
 
     def rate(self, step: int) -> float:
         return learning_rate(step, self.d_model, self.config)
@@ -209,6 +227,8 @@ class Trainer:
         of the update on the device, read by the caller when it chooses. A non-finite loss sum means
         the step was skipped (the weights, Adam's state and the weight average are as before)."""
         self.net.train()
+        if self.config.compile:  # a new update: reduce-overhead's CUDA graphs may reuse the last one's memory
+            torch.compiler.cudagraph_mark_step_begin()
         # DDP averages gradients over processes; scaling by `world` makes them sums over all tokens.
         weight = self.runtime.world / update_tokens
         totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
@@ -243,13 +263,8 @@ class Trainer:
     def loss(self, net: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """Label-smoothed loss and NLL sums and the token count of one batch (padding excluded)."""
         batch = batch.to(self.runtime.device)
-        real = batch.tgt_out != PAD_ID
-        keep = real if self.project_real_only else None
-        with self.autocast():
-            logits = net(batch.src, batch.tgt_in, keep)  # (real target tokens, vocab) or (batch, length, vocab)
-        target = batch.tgt_out if keep is None else batch.tgt_out[keep]
-        loss, nll = label_smoothed_loss(logits, target, self.epsilon)
-        return loss, nll, real.sum().float()
+        loss, nll = net(batch.src, batch.tgt_in, batch.tgt_out)
+        return loss, nll, (batch.tgt_out != PAD_ID).sum().float()
 
     @torch.inference_mode()
     def validate(self, data: ParallelData, batches: list[np.ndarray], pad_multiple: int) -> dict[str, float]:
@@ -257,7 +272,7 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
         for indices in batches:
-            totals += torch.stack(self.loss(self.logits, data.collate(indices, pad_multiple))).double()
+            totals += torch.stack(self.loss(self.losses, data.collate(indices, pad_multiple))).double()
         loss, nll, tokens = totals.tolist()
         return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(nll / tokens)}
 

@@ -134,6 +134,22 @@ def test_host_overhead_runs_an_update_on_the_meta_device():
                     "--clip-norm", 1.0)
     assert result["host_ms_per_update"] > 0 and result["operators_per_update"] > 100
     assert 0 < sum(result["top_operators"].values()) < result["operators_per_update"]
+    outside = result["outside_by_name"]  # the optimizer and clipping stay outside what --compile compiles
+    assert 0 < sum(outside.values()) == result["operators_outside_compiled"] < result["operators_per_update"] / 10
+    assert "aten._fused_adam_" in outside and "aten._foreach_norm" in outside
+    assert not {"aten.mm", "aten.addmm", "aten.logsumexp"} & outside.keys()  # the model and its loss inside
+
+
+def test_host_overhead_runs_search_steps_on_the_meta_device():
+    """A search step's operators on meta, eager and with --cuda-graphs: the graphs leave only the
+    search's bookkeeping to the host (no decoder layer), and the host reads every 8th step."""
+    eager, graphs = run("host_overhead.py", "--arch", "--search-arch", "small", "--vocab", 200, "--sentences", 2,
+                        "--source-length", 5, "--repeats", 1)
+    assert not eager["cuda_graphs"] and graphs["cuda_graphs"]
+    assert eager["reads_per_step"] == graphs["reads_per_step"] == 0.125
+    assert 0 < graphs["operators_per_step"] < eager["operators_per_step"] / 2
+    assert "aten.layer_norm" in eager["top_operators_per_step"]
+    assert "aten.layer_norm" not in graphs["top_operators_per_step"] and "aten.topk" in graphs["top_operators_per_step"]
 
 
 def test_gpu_summary_reads_what_the_stages_wrote(tmp_path):

@@ -164,6 +164,9 @@ def test_no_number_option_takes_nan_inf_or_a_huge_value(tmp_path, command):
     ("preprocess", ["--subword", "sentencepiece", "--vocab-size", "100", "--sentencepiece-alpha", "0.5"],
      "--sentencepiece-alpha applies only with --sentencepiece-samples"),
     ("train", ["--eval-bleu-beam", "5"], "--eval-bleu-beam applies only with --eval-bleu"),
+    ("train", ["--compile-mode", "reduce-overhead"], "--compile-mode applies only with --compile"),
+    ("train", ["--compile", "--compile-mode", "reduce-overhead"],
+     "--compile-mode reduce-overhead records a CUDA graph for each batch shape: give --length-buckets N"),
 ])
 def test_a_flag_that_would_be_ignored_is_refused(tmp_path, command, flags, message):
     some_file = tiny_checkpoint(tmp_path / "m.pt")

@@ -57,10 +57,17 @@ def test_inverse_sqrt_rate():
     assert learning_rate(400, 512, config) == pytest.approx(5e-4)
 
 
-def test_label_smoothed_loss_by_hand():
+def compiled_loss(compiled: bool):
+    """label_smoothed_loss as the trainer runs it: eager (kernels.SmoothedCrossEntropy) or inside
+    torch.compile (the plain definition; aot_eager traces it as inductor does, in one graph)."""
+    return torch.compile(label_smoothed_loss, backend="aot_eager", fullgraph=True) if compiled else label_smoothed_loss
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_label_smoothed_loss_by_hand(compiled):
     logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0]], [[0.1, 0.2, 0.3, 0.4]]])  # (2, 1, V=4)
     target = torch.tensor([[1], [0]])  # second is padding (PAD_ID = 0)
-    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    loss, nll = compiled_loss(compiled)(logits, target, 0.1)
     x = [2.0, 0.5, -1.0, 0.0]
     logp = [v - math.log(sum(math.exp(u) for u in x)) for v in x]
     expected_nll = -logp[1]
@@ -72,13 +79,14 @@ def test_label_smoothed_loss_by_hand():
     assert loss.item() == pytest.approx(torch_loss.item(), rel=1e-6)
 
 
-def test_label_smoothed_loss_gradient_matches_autograd_of_the_definition():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_label_smoothed_loss_gradient_matches_autograd_of_the_definition(compiled):
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11, dtype=torch.float32, requires_grad=True)
     target = torch.randint(1, 11, (3, 5))
     target[2, 3:] = PAD_ID
     weights = torch.rand(())  # the trainer scales the loss before backward
-    loss, _ = label_smoothed_loss(logits, target, 0.1)
+    loss, _ = compiled_loss(compiled)(logits, target, 0.1)
     (loss * weights).backward()
     ours = logits.grad.clone()
     logits.grad = None
@@ -311,8 +319,8 @@ def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
 
     def sometimes_nan(*args):
         calls.append(1)
-        logits = real(*args)
-        return logits * float("nan") if len(calls) in (3, 4) or len(calls) >= 10 else logits
+        sums = real(*args)
+        return tuple(x * float("nan") for x in sums) if len(calls) in (3, 4) or len(calls) >= 10 else sums
 
     monkeypatch.setattr(run.trainer.net, "forward", sometimes_nan)
     before = {k: v.clone() for k, v in run.model.state_dict().items()}
@@ -348,7 +356,7 @@ def test_compiled_update_compiles_once_per_batch_shape(tmp_path, monkeypatch):
     compiled.run()
     shapes, _ = shapes_and_padding(compiled.train, compiled.batches, 1, compiled.buckets)
     assert len(compiled.buckets) == 3 and 3 <= shapes <= 6 and len(compiled.batches) < 40  # every shape seen
-    assert counters["stats"]["unique_graphs"] == shapes
+    assert counters["stats"]["unique_graphs"] == shapes and not counters["graph_break"]  # the loss inside
     eager = run_training(data, tmp_path / "eager", model, max_updates=40, length_buckets=3)
     eager.run()
     for (name, a), b in zip(params(tmp_path / "compiled").items(), params(tmp_path / "eager").values()):
@@ -371,7 +379,8 @@ def test_losses_read_every_few_updates_give_the_same_run(tmp_path, monkeypatch):
 
         def nan_at_3_and_4(*args, real=real, calls=calls):
             calls.append(1)
-            return real(*args) * float("nan") if len(calls) in (3, 4) else real(*args)
+            sums = real(*args)
+            return tuple(x * float("nan") for x in sums) if len(calls) in (3, 4) else sums
 
         monkeypatch.setattr(run.trainer.net, "forward", nan_at_3_and_4)
         agreed, agree = [], run.runtime.agree
@@ -515,13 +524,13 @@ def test_projecting_every_position_gives_the_loss_and_gradients_of_projecting_re
     torch.manual_seed(0)
     run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", LEARNER)
     model, cpu, indices = run.model.eval(), run.trainer, np.arange(4)  # eval: both passes see the same net
-    assert cpu.project_real_only and not Trainer(model, TrainConfig(),
-                                                 Runtime(torch.device("cuda"), torch.float32)).project_real_only
+    assert cpu.losses.project_real_only and not Trainer(model, TrainConfig(), Runtime(
+        torch.device("cuda"), torch.float32)).losses.project_real_only
     results = []
     for real_only in (True, False):
-        cpu.project_real_only = real_only
+        cpu.losses.project_real_only = real_only
         model.zero_grad()
-        loss, nll, tokens = cpu.loss(cpu.logits, run.train.collate(indices, 8))  # 4-9 tokens, padded to a multiple of 8
+        loss, nll, tokens = cpu.loss(cpu.losses, run.train.collate(indices, 8))  # 4-9 tokens, padded to a multiple of 8
         loss.backward()
         results.append((loss.item(), nll.item(), tokens.item(), [p.grad.clone() for p in model.parameters()]))
     (loss_a, nll_a, tokens_a, grads_a), (loss_b, nll_b, tokens_b, grads_b) = results

@@ -68,7 +68,7 @@ def test_a_non_finite_update_is_skipped_on_the_device(fused):
 
     state = copy.deepcopy(everything())
     real = trainer.net.forward
-    trainer.net.forward = lambda *args: real(*args) * float("nan")
+    trainer.net.forward = lambda *args: tuple(x * float("nan") for x in real(*args))
     totals = trainer.update([tiny_batch()], 5, 2)
     assert totals.device.type == "cpu" and not totals[0].isfinite()
     assert_equal_trees(everything(), state)
@@ -99,8 +99,21 @@ def test_an_update_never_waits_for_the_device(monkeypatch):
     adam = sys.modules["torch.optim.adam"]  # meta is not among fused Adam's devices; its kernel runs there all the same
     monkeypatch.setattr(adam, "_device_dtype_check_for_fused", lambda *args, **kwargs: None)
     trainer = tiny_trainer("meta", ema_decay=0.9, clip_norm=1.0)
-    assert trainer.skips_on_device and not trainer.project_real_only
+    assert trainer.skips_on_device and not trainer.losses.project_real_only
     totals = trainer.update([tiny_batch("meta")], 5, 1)
     assert totals.is_meta and totals.shape == (3,)
     with pytest.raises(NotImplementedError):  # what a read does there
         totals.tolist()
+
+
+def test_compile_takes_the_mode_and_marks_each_update(monkeypatch):
+    """--compile-mode reaches torch.compile (static shapes with buckets), and each update starts a
+    new step for reduce-overhead's CUDA graphs, whose outputs the next replay may overwrite."""
+    options, steps = [], []
+    monkeypatch.setattr(torch, "compile", lambda net, **given: options.append(given) or net)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    trainer = tiny_trainer(compile=True, compile_mode="reduce-overhead", length_buckets=2)
+    assert options == [{"mode": "reduce-overhead", "dynamic": False}]
+    for step in (1, 2, 3):
+        trainer.update([tiny_batch()], 5, step)
+    assert len(steps) == 3

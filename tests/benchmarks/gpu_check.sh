@@ -5,7 +5,7 @@
 #   WHEELS=DIR   wheels to install first (subword-nmt, sacremoses, ... where the machine lacks them)
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
 #   STAGES="tests speed compile buckets decode"   which parts to run (default: tests speed compile);
-#     one or two per call keep a call within a 10-minute limit
+#     one or two per call keep a call within a 10-minute limit (buckets: one of COMPILE_ARCHS per call)
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
 #     call keeps a call within a 10-minute limit: "base" in a second call), then decodes
 #     test_2016_flickr in fp32 and bf16 without and with --cuda-graphs, with graphs also reading the
@@ -42,10 +42,12 @@ if [[ $STAGES == *compile* ]]; then
             | tee -a "$OUT/gpu_speed.jsonl"
     done
 fi
-if [[ $STAGES == *buckets* ]]; then  # compiled, once per shape of 16 length buckets (nmt train --length-buckets)
-    for arch in ${COMPILE_ARCHS:-base big}; do
-        timeout 280 python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --length-buckets 16 \
-            2>>"$OUT/stderr.txt" | tee -a "$OUT/gpu_speed.jsonl"
+if [[ $STAGES == *buckets* ]]; then  # compiled, once per shape of 16 length buckets (nmt train --length-buckets),
+    for arch in ${COMPILE_ARCHS:-base big}; do  # in each of BUCKET_MODES (reduce-overhead: a CUDA graph per shape)
+        for mode in ${BUCKET_MODES:-default reduce-overhead}; do
+            timeout 280 python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --compile-mode "$mode" \
+                --length-buckets 16 2>>"$OUT/stderr.txt" | tee -a "$OUT/gpu_speed.jsonl"
+        done
     done
 fi
 if [[ $STAGES == *decode* ]]; then

@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile-mode", default="default", help="as nmt train's (ours only; the baseline: default)")
     parser.add_argument("--length-buckets", type=int, default=0, help="as nmt train's; the untimed updates then "
                         "include one batch of every shape, so that no compilation is timed")
     parser.add_argument("--baseline", action="store_true", help="also time a plain torch.nn.Transformer")
@@ -169,7 +170,8 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="write a torch.profiler table of our trainer here")
     args = parser.parse_args()
     config = TrainConfig(max_tokens=args.max_tokens, device=args.device, precision=args.precision,
-                         compile=args.compile, length_buckets=args.length_buckets, lr_schedule="inverse-sqrt",
+                         compile=args.compile, compile_mode=args.compile_mode, length_buckets=args.length_buckets,
+                         lr_schedule="inverse-sqrt",
                          lr=5e-4)
     runtime = set_up_runtime(config)
     cuda = runtime.device.type == "cuda"
@@ -200,7 +202,9 @@ def main() -> None:
         seconds = run["seconds"]
         result = {"benchmark": "gpu_speed", "model": run["model"], "arch": args.arch, "parameters": run["parameters"],
                   "device": str(runtime.device), "device_name": torch.cuda.get_device_name() if cuda else "cpu",
-                  "dtype": str(runtime.dtype), "compile": args.compile, "max_tokens": args.max_tokens,
+                  "dtype": str(runtime.dtype), "compile": args.compile,
+                  "compile_mode": args.compile_mode if run["model"] == "nmt-cli" and args.compile else None,
+                  "max_tokens": args.max_tokens,
                   "length_buckets": args.length_buckets, "epoch_shapes": shape_count, "padding": round(padding, 3),
                   "updates": args.updates, "target_tokens_per_s": round(tgt_tokens / seconds, 1),
                   "updates_per_s": round(args.updates / seconds, 3),

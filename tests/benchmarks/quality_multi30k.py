@@ -7,9 +7,9 @@ within T minutes of training are averaged (the rate schedule does not depend on 
 this is what a T-minute run gives), then val and test_2016_flickr are translated with beam 4 /
 alpha 0.6 and scored with sacreBLEU (13a, detokenized). The last checkpoint alone is scored too,
 and with `--ema-decay D` the same run keeps an exponential moving average of its weights, scored
-at the end of training (`ema`): EMA against last-5 averaging in the same time. `--subword
-sentencepiece` swaps Moses + 8,000 BPE merges for an 8,000-piece SentencePiece model. One JSON
-line per T.
+at the end of training (`ema`): EMA against last-5 averaging in the same time. `--subword-args`
+replaces the quickstart's subwords (Moses + 8,000 BPE merges), e.g. "--subword sentencepiece
+--vocab-size 8000 --sentencepiece-samples 10". One JSON line per T.
 
 `--train-args` passes more `nmt train` flags (a candidate recipe). Runs side by side on shared
 cores can be compared at a fixed number of updates instead of a time: `--train-args
@@ -65,14 +65,13 @@ def main() -> None:
     parser.add_argument("--save-every", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--ema-decay", type=float, default=0.0)
-    parser.add_argument("--subword", choices=["bpe", "sentencepiece"], default="bpe")
+    parser.add_argument("--subword-args", default="--bpe-merges 8000", help="nmt preprocess flags for the subwords")
     parser.add_argument("--train-args", default="", help="more nmt train flags (a candidate recipe)")
     args = parser.parse_args()
     env = {**os.environ, "WORK": str(args.work.resolve()), "MINUTES": f"{args.minutes:g}",
            "SAVE_EVERY": f"{args.save_every:g}", "KEEP_LAST": "0", "THREADS": str(args.threads),
            "TRAIN_ARGS": (f"--ema-decay {args.ema_decay:g} " if args.ema_decay else "") + args.train_args,
-           "SUBWORD_ARGS": "--subword sentencepiece --vocab-size 8000" if args.subword == "sentencepiece" else
-           "--bpe-merges 8000"}
+           "SUBWORD_ARGS": args.subword_args}
     subprocess.run(["bash", str(ROOT / "data/quickstart.sh")], check=True, env=env)
     for minutes in args.eval_at:
         ema = bool(args.ema_decay) and minutes == args.minutes  # the average is known at the end only
