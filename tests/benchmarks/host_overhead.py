@@ -3,8 +3,8 @@
 
 The model, its batches and fused Adam live on PyTorch's meta device, where every operator is
 dispatched as on a GPU (nmt train's path off the CPU: every position projected, torch's dropout,
-fused Adam, clipping's multi-tensor kernels; attention through the kernels CUDA's SDPA picks, `cuda_like_attention`) but only
-shapes are computed. One JSON line per preset:
+fused Adam, clipping's multi-tensor kernels; attention through the kernels CUDA's SDPA picks,
+`cuda_like_attention`) but only shapes are computed. One JSON line per preset:
   - operators_per_update: ATen operator calls of one update (forward, loss, backward, clipping
     when set, optimizer), counted by a TorchDispatchMode; top_operators, the ten most called;
   - operators_outside_compiled: those of them outside the model's and the loss's forward and
