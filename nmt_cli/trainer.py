@@ -179,12 +179,11 @@ def compiled(net: torch.nn.Module, length_buckets: int, mode: str) -> torch.nn.M
     """torch.compile(net, mode=mode). With length buckets, one graph per batch shape
     (dynamic=False: static shapes, the ones CUDA graphs need), and room in dynamo's cache for all
     2N of them, which would otherwise fall back to eager after its 8th."""
-    if not length_buckets:
-        return torch.compile(net, mode=mode)
-    import torch._dynamo.config as dynamo
+    if length_buckets:
+        import torch._dynamo.config as dynamo
 
-    dynamo.recompile_limit = max(dynamo.recompile_limit, 2 * length_buckets)
-    return torch.compile(net, mode=mode, dynamic=False)
+        dynamo.recompile_limit = max(dynamo.recompile_limit, 2 * length_buckets)
+    return torch.compile(net, mode=mode, dynamic=False if length_buckets else None)
 
 
 class Trainer:

@@ -140,16 +140,23 @@ def free_replay(step: Callable[[], torch.Tensor], device: torch.device) -> Calla
     return lambda: out
 
 
-def search(models: Ensemble, src: torch.Tensor, steps: int) -> tuple[float, Counter[str], int]:
-    """Seconds, operators and reads of a beam search of `steps` steps on meta (the operators
-    counted in a second search, untimed: a dispatch mode slows every operator)."""
+def search(models: Ensemble, src: torch.Tensor, steps: int, repeats: int) -> tuple[float, Counter[str], int]:
+    """The median seconds of `repeats` beam searches of `steps` steps on meta, and the operators and
+    reads of one search, counted before them, untimed (a dispatch mode slows every operator),
+    after a first search that takes the one-time costs (with graphs, a decoder of this length)."""
+    config = SearchConfig(beam=4)
     with EmulatedReads(steps - 1) as reads:
-        start = time.perf_counter()
-        beam_search(models, src, SearchConfig(beam=4))
-        seconds = time.perf_counter() - start
+        beam_search(models, src, config)
+        first_reads = reads.reads
         with CountOperators() as counted:
-            beam_search(models, src, SearchConfig(beam=4))
-    return seconds, counted.calls, reads.reads // 2
+            beam_search(models, src, config)
+        read_count = reads.reads - first_reads
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            beam_search(models, src, config)
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), counted.calls, read_count
 
 
 def measure_search(arch: str, vocab: int, sentences: int, source_length: int, graphs: bool, repeats: int) -> dict:
@@ -160,19 +167,18 @@ def measure_search(arch: str, vocab: int, sentences: int, source_length: int, gr
     nmt_graphs.capture = free_replay
     try:
         models = Ensemble([model], graphs=graphs)
-        runs = {steps: [search(models, src, steps) for _ in range(1 + repeats)][1:] for steps in (24, 56)}  # first:
-        # one-time costs (with graphs, a decoder of each length and its capture)
+        (short_s, short_ops, short_reads), (long_s, long_ops, long_reads) = (
+            search(models, src, steps, repeats) for steps in (24, 56))
     finally:
         nmt_graphs.capture = real_capture
-    (short, long), span = (runs[24], runs[56]), 56 - 24
-    seconds = statistics.median(a[0] for a in long) - statistics.median(a[0] for a in short)
+    span = 56 - 24
     return {"benchmark": "host_overhead", "what": "search_step", "arch": arch, "vocab": vocab, "sentences": sentences,
             "beam": 4, "source_length": source_length, "cuda_graphs": graphs, "repeats": repeats,
-            "host_ms_per_step": round(1000 * seconds / span, 2),
-            "operators_per_step": round((long[0][1].total() - short[0][1].total()) / span, 1),
+            "host_ms_per_step": round(1000 * (long_s - short_s) / span, 2),
+            "operators_per_step": round((long_ops.total() - short_ops.total()) / span, 1),
             "top_operators_per_step": {name: round(count / span, 2) for name, count in
-                                       (long[0][1] - short[0][1]).most_common(10)},
-            "reads_per_step": round((long[0][2] - short[0][2]) / span, 3), "torch": torch.__version__}
+                                       (long_ops - short_ops).most_common(10)},
+            "reads_per_step": round((long_reads - short_reads) / span, 3), "torch": torch.__version__}
 
 
 def cuda_like_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
