@@ -16,7 +16,7 @@ from typing import Any
 
 from nmt_cli.options import Options, knob
 
-LR_SCHEDULES = ("noam", "inverse-sqrt")
+LR_SCHEDULES = ("noam", "inverse-sqrt", "linear")
 VALID_METRICS = ("ppl", "bleu", "chrf", "ter")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,7 +34,8 @@ def _device_knob() -> Any:
 
 
 def _precision_knob() -> Any:
-    return knob("auto", "auto: bf16 on a CUDA GPU that supports it, else fp32.", choices=PRECISIONS)
+    return knob("auto", "auto: bf16 on a CUDA GPU that supports it, else fp32. bf16 runs on a CPU too, fast "
+                "where it has AVX512-BF16 or AMX; fp16 needs CUDA.", choices=PRECISIONS)
 
 
 def _threads_knob() -> Any:
@@ -90,12 +91,13 @@ class TrainConfig(Options):
     max_sentences: int | None = knob(None, "At most this many sentence pairs per micro-batch.", min=1)
     update_freq: int = knob(1, "Accumulate gradients of this many micro-batches per update.", min=1)
     lr_schedule: str = knob("noam", "noam: eq. 3 (x --lr-scale); inverse-sqrt: linear warmup to --lr, then "
-                             "1/sqrt(step) (fairseq).", choices=LR_SCHEDULES)
+                             "1/sqrt(step) (fairseq); linear: warmup, then down to 0 in a straight line at the end "
+                             "of --max-updates or --max-time, whichever comes first.", choices=LR_SCHEDULES)
     lr_scale: float = knob(1.0, "Multiplier of the noam rate (eq. 3).", min=0.0, exclusive_min=True, only_if=(
-        lambda c: c.lr_schedule == "noam", "to the noam schedule (eq. 3); --lr-schedule inverse-sqrt peaks at --lr"))
-    lr: float = knob(5e-4, "Peak rate of the inverse-sqrt schedule.", min=0.0, exclusive_min=True, only_if=(
-        lambda c: c.lr_schedule == "inverse-sqrt", "with --lr-schedule inverse-sqrt (the default noam schedule, "
-        "eq. 3, is scaled by --lr-scale)"))
+        lambda c: c.lr_schedule == "noam", "to the noam schedule (eq. 3); inverse-sqrt and linear peak at --lr"))
+    lr: float = knob(5e-4, "Peak rate of the inverse-sqrt and linear schedules.", min=0.0, exclusive_min=True,
+                     only_if=(lambda c: c.lr_schedule != "noam", "with --lr-schedule inverse-sqrt or linear (the "
+                              "default noam schedule, eq. 3, is scaled by --lr-scale)"))
     warmup: int = knob(4000, "Warmup updates (§5.3: 4000).", min=1)
     adam_beta1: float = knob(0.9, "Adam beta1 (§5.3).", min=0.0, max=1.0, exclusive_max=True)
     adam_beta2: float = knob(0.98, "Adam beta2 (§5.3).", min=0.0, max=1.0, exclusive_max=True)
@@ -141,6 +143,9 @@ class TrainConfig(Options):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lr_schedule == "linear" and self.max_updates is None and self.max_time is None:
+            raise ValueError("--lr-schedule linear decays to 0 at the end of training: give --max-updates or "
+                             "--max-time")
         if self.best_checkpoint_metric != "ppl" and not self.eval_bleu:
             raise ValueError(f"best_checkpoint_metric={self.best_checkpoint_metric} needs eval_bleu (--eval-bleu)")
         if self.compile and self.compile_mode in ("reduce-overhead", "max-autotune") and not self.length_buckets:

@@ -13,7 +13,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def select(device: str, precision: str, threads: int | None = None, index: int = 0) -> tuple[torch.device, torch.dtype]:
     """`device` auto|cpu|cuda and `precision` auto|fp32|bf16|fp16 -> (torch device, compute dtype).
 
-    auto precision is bf16 on a CUDA GPU that supports it, else fp32; half precisions need CUDA.
+    auto precision is bf16 on a CUDA GPU that supports it, else fp32; bf16 runs on the CPU too
+    (fast where the CPU multiplies bf16 itself: AVX512-BF16 or AMX), fp16 needs CUDA.
     `index` is the CUDA device (torchrun's LOCAL_RANK). On the CPU, freed memory is kept for
     reuse (`keep_freed_memory`).
     """
@@ -25,8 +26,8 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
         raise NmtError("--device cuda: no CUDA device is available")
     if precision == "auto":
         precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
-    if precision != "fp32" and not cuda:
-        raise NmtError(f"--precision {precision} needs a CUDA device; use fp32 on CPU")
+    if precision == "fp16" and not cuda:
+        raise NmtError("--precision fp16 needs a CUDA device; use fp32 or bf16 on CPU")
     if cuda:
         # cuDNN's attention, which SDPA prefers on Hopper when there is a padding mask, builds an
         # execution plan for every new (batch, length) shape, on the host: with length-bucketed

@@ -250,6 +250,14 @@ def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
     return top.values, candidates.gather(1, top.indices)
 
 
+def block_floats(device: torch.device) -> int:
+    """Log-probabilities a search step computes at once (rows x vocabulary, `search.Ensemble.
+    top_tokens`): on the CPU 16 MB of float32, which stay in cache until they are read again; on
+    a GPU up to 1 GB, so that a step is one projection, softmax and top-k, not a few kernel
+    launches per block."""
+    return 1 << 22 if device.type == "cpu" else 1 << 28
+
+
 def steps_between_reads(device: torch.device) -> int:
     """Search steps between reads of which sentences are done, and training updates between reads
     of their losses. A read makes the host wait for the device: on the CPU that costs nothing (and

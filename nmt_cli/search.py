@@ -27,11 +27,9 @@ from nmt_cli import decoding
 from nmt_cli.config import SearchConfig
 from nmt_cli.decoding import DecoderState
 from nmt_cli.graphs import DecoderGraphs
-from nmt_cli.kernels import search_projection, steps_between_reads, top_k
+from nmt_cli.kernels import block_floats, search_projection, steps_between_reads, top_k
 from nmt_cli.model import Transformer
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
-BLOCK_FLOATS = 1 << 22  # 16 MB of float32 log-probabilities per block of rows
 
 
 @dataclass
@@ -94,14 +92,14 @@ class Ensemble:
         each row, never a `banned` one; a row whose `forced` entry is a token id (not -1) can
         take only that token, at its own log-probability (EOS at the maximum length, a prefix).
 
-        Rows go through the projection, softmax and top-k in blocks of about BLOCK_FLOATS
-        log-probabilities, so the (rows, vocab) matrix never exists whole: memory stays small
-        with large vocabularies, and each block is still in cache when it is read again.
+        Rows go through the projection, softmax and top-k in blocks of about `kernels.block_floats`
+        log-probabilities, so that on the CPU the (rows, vocab) matrix never exists whole: memory
+        stays small with large vocabularies, and each block is still in cache when it is read again.
         """
         outputs = [state.step(tokens) if self.graphs is not None else decoding.step_output(model, tokens, state)
                    for model, state in zip(self.models, states)]
         rows = tokens.size(0)
-        block = max(1, BLOCK_FLOATS // self.vocab_size)
+        block = max(1, block_floats(tokens.device) // self.vocab_size)
         values, indices = [], []
         for start in range(0, rows, block):
             part = slice(start, start + block)

@@ -264,6 +264,7 @@ class TrainingRun:
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         self.log.start(c.max_updates, p.updates, c.max_time * 60 if c.max_time else None, self.elapsed())
         self.guard, self.read_every = SkipGuard(self.trainer, p, self.log), steps_between_reads(rt.device)
+        self._clock(p.elapsed_s)
         stop: Stop | None = None
         try:
             while stop is None:
@@ -310,9 +311,10 @@ class TrainingRun:
         if advanced and p.updates % self.read_every and p.done(c) is None and not any(self._interval_due()):
             return None
         self._read()  # what validates, saves or stops counts only the updates that were applied
-        out_of_time = c.max_time is not None and self.elapsed() >= c.max_time * 60
         save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
-        out_of_time, save_due, signalled = self.runtime.agree(out_of_time, save_due, bool(interrupted))
+        elapsed, save_due, signalled = self.runtime.agree(self.elapsed(), save_due, bool(interrupted))
+        self._clock(elapsed)
+        out_of_time = c.max_time is not None and elapsed >= c.max_time * 60
         stop = Stop.INTERRUPTED if signalled else Stop.MAX_TIME if out_of_time else p.done(c)
         best = False
         validate_due, save_interval_due = self._interval_due(advanced)
@@ -322,6 +324,12 @@ class TrainingRun:
         if stop or best or save_due or save_interval_due:
             self.save(best)
         return stop
+
+    def _clock(self, elapsed_s: float) -> None:
+        """Give the trainer the share of --max-time trained (the linear schedule's clock), from a
+        time all processes agree on."""
+        if self.config.max_time is not None:
+            self.trainer.time_spent = elapsed_s / (self.config.max_time * 60)
 
     def _interval_due(self, advanced: bool = True) -> tuple[bool, bool]:
         """Whether --validate-interval-updates and --save-interval-updates are due at this update

@@ -41,14 +41,20 @@ DIST_TIMEOUT = datetime.timedelta(minutes=5)
 MAX_SKIPS_IN_A_ROW = 5
 
 
-def learning_rate(step: int, d_model: int, config: TrainConfig) -> float:
-    """Rate for update `step` (1-based).
+def learning_rate(step: int, d_model: int, config: TrainConfig, time_spent: float = 0.0) -> float:
+    """Rate for update `step` (1-based); `time_spent` is the share of --max-time already trained.
 
     noam, eq. 3: lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
     inverse-sqrt: lr * step / warmup during warmup, then lr * sqrt(warmup / step).
+    linear: lr * min(step / warmup, 1 - spent), where spent is the larger share of the budget
+    trained before this update, in updates ((step - 1) / max_updates) or in time: a rate that
+    falls to 0 as training ends.
     """
     if config.lr_schedule == "noam":
         return config.lr_scale * d_model ** -0.5 * min(step ** -0.5, step * config.warmup ** -1.5)
+    if config.lr_schedule == "linear":
+        spent = max((step - 1) / config.max_updates if config.max_updates else 0.0, time_spent)
+        return config.lr * max(0.0, min(step / config.warmup, 1.0 - spent))
     return config.lr * min(step / config.warmup, math.sqrt(config.warmup / step))
 
 
@@ -86,14 +92,14 @@ class Runtime:
     def main(self) -> bool:
         return self.rank == 0
 
-    def agree(self, *flags: bool) -> list[bool]:
-        """Each flag True on every process when it is True on any (time- and signal-based
-        decisions), in one all-reduce."""
+    def agree(self, *values: float) -> list[float]:
+        """Each value's maximum over the processes, in one all-reduce: a stop, save or time-out seen
+        by any process is seen by all, and all train by one clock (the longest elapsed time)."""
         if self.world == 1:
-            return list(flags)
-        value = torch.tensor([float(flag) for flag in flags], device=self.device)
+            return [float(v) for v in values]
+        value = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return [bool(v) for v in value.tolist()]
+        return value.tolist()
 
 
 def set_up_runtime(config: TrainConfig) -> Runtime:
@@ -217,9 +223,10 @@ class Trainer:
         self.skips_on_device = bool(self.optimizer.defaults.get("fused")) and not self.scaler.is_enabled()
         self.loss_scale_changes: list[tuple[int, float, float]] = []  # fp16: (update, before, after)
         self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
+        self.time_spent = 0.0  # share of --max-time trained, agreed by all processes (the linear schedule)
 
     def rate(self, step: int) -> float:
-        return learning_rate(step, self.d_model, self.config)
+        return learning_rate(step, self.d_model, self.config, self.time_spent)
 
     def update(self, batches: list[Batch], update_tokens: int, step: int) -> Tensor:
         """One optimizer step over `batches`, queued: returns the (loss sum, NLL sum, target tokens)
@@ -300,7 +307,7 @@ class SkipGuard:
     def __init__(self, trainer: Trainer, progress: Progress, log: RunLog) -> None:
         self.trainer, self.progress, self.log = trainer, progress, log
         self.in_a_row = {"oom": 0, "nonfinite": 0}
-        self.pending: list[tuple[int, torch.Tensor]] = []  # (update, its loss sums on the device)
+        self.pending: list[tuple[int, torch.Tensor, float]] = []  # (update, its loss sums on the device, rate)
 
     def update(self, batches: list[Batch], update_tokens: int, step: int) -> bool:
         """Queue update `step`; False when its batch ran out of memory (skipped, nothing pending)."""
@@ -313,7 +320,7 @@ class SkipGuard:
                                 else "out of memory")
             return False
         self.in_a_row["oom"] = 0
-        self.pending.append((step, totals))
+        self.pending.append((step, totals, self.trainer.rate(step)))
         return True
 
     def read(self) -> list[tuple[int, dict[str, float]]]:
@@ -321,17 +328,17 @@ class SkipGuard:
         with a non-finite loss were skipped on the device: they are logged, counted as skips and
         left out (Progress.updates is lowered by their number)."""
         pending, self.pending = self.pending, []
-        values = torch.stack([totals for _, totals in pending]).tolist() if pending else []
+        values = torch.stack([totals for _, totals, _ in pending]).tolist() if pending else []
         for step, before, after in self.trainer.loss_scale_changes:
             change = "overflow, step skipped" if after < before else "stable, grown"
             self.log.log(f"fp16 loss scale {before:g} -> {after:g} at update {step} ({change})")
             self.log.record({"kind": "loss_scale", "update": step, "before": before, "after": after})
         self.trainer.loss_scale_changes.clear()
         done = []
-        for (step, _), (loss, nll, tokens) in zip(pending, values):
+        for (step, _, rate), (loss, nll, tokens) in zip(pending, values):
             if math.isfinite(loss):
                 self.in_a_row["nonfinite"] = 0
-                done.append((step, {"loss": loss, "nll": nll, "tokens": tokens, "lr": self.trainer.rate(step)}))
+                done.append((step, {"loss": loss, "nll": nll, "tokens": tokens, "lr": rate}))
                 continue
             self.progress.updates -= 1
             self._skipped("nonfinite", step, "non-finite loss", "update", "training diverged; lower the learning "

@@ -95,8 +95,10 @@ def test_nbest_in_text_output_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--lr", "5e-4"], "--lr applies only with --lr-schedule inverse-sqrt (the default noam schedule"),
+    (["--lr", "5e-4"], "--lr applies only with --lr-schedule inverse-sqrt or linear (the default noam schedule"),
     (["--lr-schedule", "inverse-sqrt", "--lr-scale", "2"], "--lr-scale applies only to the noam schedule (eq. 3)"),
+    (["--lr-schedule", "linear", "--lr", "1e-3"], "--lr-schedule linear decays to 0 at the end of training: give "
+     "--max-updates or --max-time"),
 ])
 def test_a_rate_flag_the_schedule_ignores_is_refused(tmp_path, flags, message):
     data = synthetic_data_dir(tmp_path, n_train=20, n_valid=4)

@@ -23,10 +23,20 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     assert result.exit_code == 1 and "no CUDA device" in result.output
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_half_precision_needs_cuda(tmp_path, precision):
-    with pytest.raises(NmtError, match=f"--precision {precision} needs a CUDA device; use fp32 on CPU"):
-        select("cpu", precision)
+def test_fp16_needs_cuda(tmp_path):
+    with pytest.raises(NmtError, match="--precision fp16 needs a CUDA device; use fp32 or bf16 on CPU"):
+        select("cpu", "fp16")
     result = CliRunner().invoke(main, ["translate", "-m", str(tiny_checkpoint(tmp_path / "m.pt")), "--device", "cpu",
-                                       "--precision", precision], input="a\n")
+                                       "--precision", "fp16"], input="a\n")
     assert result.exit_code == 1 and "needs a CUDA device" in result.output
+
+
+def test_bf16_on_the_cpu(tmp_path):
+    """bf16 runs on the CPU (mixed precision in training, a bf16 model in translation); auto stays fp32."""
+    assert select("cpu", "bf16") == (torch.device("cpu"), torch.bfloat16)
+    assert select("cpu", "auto") == (torch.device("cpu"), torch.float32)
+    model = str(tiny_checkpoint(tmp_path / "m.pt"))
+    outputs = [CliRunner().invoke(main, ["translate", "-m", model, "--device", "cpu", "--precision", precision],
+                                  input="a b\nc\n") for precision in ("bf16", "fp32")]
+    assert [r.exit_code for r in outputs] == [0, 0]
+    assert len(outputs[0].stdout.splitlines()) == len(outputs[1].stdout.splitlines()) == 2

@@ -161,7 +161,7 @@ def test_blocks_of_rows_give_the_same_search(monkeypatch, members):
     src = sources([[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6]], 15)
     config = SearchConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=2)
     whole = beam_search(models, src, config)
-    monkeypatch.setattr(search, "BLOCK_FLOATS", 15 * 5)  # blocks of 5 rows: 12 rows split 5 + 5 + 2
+    monkeypatch.setattr(search, "block_floats", lambda device: 15 * 5)  # blocks of 5 rows: 12 = 5 + 5 + 2
     blocks = beam_search(models, src, config)
     assert [[h.tokens for h in hyps] for hyps in whole] == [[h.tokens for h in hyps] for hyps in blocks]
     assert [h.score for hyps in whole for h in hyps] == pytest.approx([h.score for hyps in blocks for h in hyps])

@@ -57,6 +57,49 @@ def test_inverse_sqrt_rate():
     assert learning_rate(400, 512, config) == pytest.approx(5e-4)
 
 
+def test_linear_rate_falls_to_zero_at_the_end_of_the_budget():
+    config = TrainConfig(lr_schedule="linear", lr=1e-3, warmup=100, max_updates=1000)
+    assert learning_rate(50, 512, config) == pytest.approx(5e-4)  # warmup
+    assert learning_rate(101, 512, config) == pytest.approx(9e-4)  # 100 of 1,000 updates trained before it
+    assert learning_rate(1000, 512, config) == pytest.approx(1e-6)  # the last update
+    assert learning_rate(501, 512, config, time_spent=0.75) == pytest.approx(2.5e-4)  # time ran further
+    timed = TrainConfig(lr_schedule="linear", lr=1e-3, warmup=100, max_time=10.0)
+    assert learning_rate(5000, 512, timed, time_spent=0.2) == pytest.approx(8e-4)
+    assert learning_rate(5000, 512, timed, time_spent=1.1) == 0.0
+    with pytest.raises(ValueError, match="give --max-updates or --max-time"):
+        TrainConfig(lr_schedule="linear", lr=1e-3)
+
+
+def test_linear_rate_follows_the_clock_all_processes_agree_on(tmp_path, monkeypatch):
+    """With --max-time the rate falls with the time trained, as read at each agreement."""
+    data = synthetic_data_dir(tmp_path, n_train=200)
+    run = run_training(data, tmp_path / "ck", lr_schedule="linear", lr_scale=1.0, lr=1e-3, warmup=1, max_time=1.0,
+                       log_interval=1)
+    monkeypatch.setattr(run, "elapsed", lambda: 15.0 * run.progress.updates)  # the minute ends after update 4
+    assert run.run().updates == 4
+    rates = [json.loads(line)["lr"] for line in (tmp_path / "ck/train_log.jsonl").read_text().splitlines()
+             if '"train"' in line]
+    assert rates == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_a_bf16_update_agrees_with_fp32(tmp_path, device):
+    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", LEARNER, device=device, precision="fp32")
+    batch = run.train.collate(np.arange(16), 8)
+    grads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        trainer_ = trainer.Trainer(run.model.eval(), run.config, trainer.Runtime(torch.device(device), dtype))
+        run.model.zero_grad()
+        loss, _, tokens = trainer_.loss(trainer_.losses, batch)
+        (loss / tokens).backward()
+        grads[dtype] = (loss.item(), torch.cat([p.grad.flatten() for p in run.model.parameters()]))
+    (loss32, grad32), (loss16, grad16) = grads[torch.float32], grads[torch.bfloat16]
+    assert loss16 != loss32 and loss16 == pytest.approx(loss32, rel=2e-2)  # bf16 arithmetic, close to fp32's
+    assert ((grad16 - grad32).norm() / grad32.norm()).item() < 5e-2
+    assert all(p.dtype == torch.float32 for p in run.model.parameters())  # the weights stay fp32
+
+
 def compiled_loss(compiled: bool):
     """label_smoothed_loss as the trainer runs it: eager (kernels.SmoothedCrossEntropy) or inside
     torch.compile (the plain definition; aot_eager traces it as inductor does, in one graph)."""
@@ -275,13 +318,14 @@ def _agree_in_process(rank: int, init_file: str, flags: list[tuple[bool, ...]], 
 
 
 def test_processes_agree_on_each_flag_in_one_all_reduce(tmp_path):
-    """A stop, save or time-out seen by any process is seen by all, flag by flag."""
+    """A stop, save or time-out seen by any process is seen by all, flag by flag, and the clock is the
+    longest elapsed time."""
     import torch.multiprocessing as mp
 
-    flags = [(True, False, False), (False, False, True)]
+    flags = [(True, False, False, 61.5), (False, False, True, 60.25)]
     mp.spawn(_agree_in_process, args=(str(tmp_path / "init"), flags, str(tmp_path / "agreed")), nprocs=2)
     for rank in range(2):
-        assert json.loads((tmp_path / f"agreed.{rank}").read_text()) == [True, False, True]
+        assert json.loads((tmp_path / f"agreed.{rank}").read_text()) == [1.0, 0.0, 1.0, 61.5]
 
 
 def test_eval_bleu_selects_best_checkpoint_by_bleu(tmp_path):
