@@ -21,11 +21,9 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
     if threads:
         torch.set_num_threads(threads)
     torch.set_flush_denormal(True)  # tiny Adam moments as denormals make CPU arithmetic far slower
-    cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise NmtError("--device cuda: no CUDA device is available")
+    cuda = uses_cuda(device)
     if precision == "auto":
-        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+        precision = "bf16" if cuda and native_bf16(device) else "fp32"
     if precision == "fp16" and not cuda:
         raise NmtError("--precision fp16 needs a CUDA device; use fp32 or bf16 on CPU")
     if cuda:
@@ -36,6 +34,22 @@ def select(device: str, precision: str, threads: int | None = None, index: int =
     else:
         keep_freed_memory()
     return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
+
+
+def uses_cuda(device: str) -> bool:
+    """Whether `device` auto|cpu|cuda means a CUDA GPU here (auto: when there is one)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NmtError("--device cuda: no CUDA device is available")
+    return torch.cuda.is_available() if device == "auto" else device == "cuda"
+
+
+def native_bf16(device: str) -> bool:
+    """Whether `device` auto|cpu|cuda multiplies bf16 in hardware: a CUDA GPU that supports it, a
+    CPU with AVX512-BF16 or AMX. Elsewhere bf16 arithmetic is emulated, slower than fp32."""
+    if uses_cuda(device):
+        return torch.cuda.is_bf16_supported()
+    return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported",
+                                                                     "_is_amx_tile_supported"))
 
 
 def out_of_memory(error: BaseException) -> bool:

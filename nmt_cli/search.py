@@ -113,6 +113,8 @@ class Ensemble:
             top_values, top_indices = top_k(lp, k)
             values.append(top_values)
             indices.append(top_indices)
+        if len(values) == 1:  # one block, as on a GPU: no copy
+            return values[0], indices[0]
         return torch.cat(values), torch.cat(indices)
 
 

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from conftest import tiny_checkpoint
 
 from nmt_cli.cli import main
-from nmt_cli.device import select
+from nmt_cli.device import native_bf16, select
 from nmt_cli.errors import NmtError
 
 
@@ -40,3 +40,11 @@ def test_bf16_on_the_cpu(tmp_path):
                                   input="a b\nc\n") for precision in ("bf16", "fp32")]
     assert [r.exit_code for r in outputs] == [0, 0]
     assert len(outputs[0].stdout.splitlines()) == len(outputs[1].stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, native", [(False, False, False), (True, False, True), (False, True, True)])
+def test_native_bf16_on_the_cpu_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, amx, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert native_bf16("cpu") is native
+    assert select("cpu", "auto")[1] == torch.float32  # auto stays fp32 on a CPU: bf16 is asked for

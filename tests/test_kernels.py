@@ -106,6 +106,32 @@ def test_label_smoothed_loss_in_blocks_equals_one_block(monkeypatch):
         torch.testing.assert_close(blocks, one, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loss_equals_the_reference(dtype, device, monkeypatch):
+    """Loss, NLL and gradient in float64, from logits in float32 or bf16 (mixed precision)."""
+    from nmt_cli.kernels import SmoothedCrossEntropy
+
+    monkeypatch.setitem(SmoothedCrossEntropy.BLOCK_ELEMENTS, device, 3 * 1000)  # several blocks of 3 rows
+    torch.manual_seed(0)
+    logits = (torch.randn(50, 1000, device=device) * 3).to(dtype).requires_grad_()
+    target = torch.randint(4, 1000, (50,), device=device)
+    target[::7] = PAD_ID
+    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    loss.backward()
+    ref_logits = logits.detach().double().requires_grad_()
+    lprobs = ref_logits.log_softmax(-1)
+    real = target != PAD_ID
+    ref_nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)[real].sum()
+    ref_loss = 0.9 * ref_nll + 0.1 * (-lprobs.mean(-1))[real].sum()
+    ref_loss.backward()
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-5)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # the gradient is stored in the logits' precision
+    assert ((logits.grad.double() - ref_logits.grad).norm() / ref_logits.grad.norm()).item() < tolerance
+
+
 def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypatch):
     if platform.libc_ver()[0] == "glibc":  # Linux, as in CI
         assert kernels.keep_freed_memory()
