@@ -320,7 +320,7 @@ class SkipGuard:
                                 else "out of memory")
             return False
         self.in_a_row["oom"] = 0
-        self.pending.append((step, totals, self.trainer.rate(step)))
+        self.pending.append((step, totals, self.trainer.optimizer.param_groups[0]["lr"]))  # the rate applied
         return True
 
     def read(self) -> list[tuple[int, dict[str, float]]]:
