@@ -225,9 +225,6 @@ class Trainer:
         self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
         self.time_spent = 0.0  # share of --max-time trained, agreed by all processes (the linear schedule)
 
-    def rate(self, step: int) -> float:
-        return learning_rate(step, self.d_model, self.config, self.time_spent)
-
     def update(self, batches: list[Batch], update_tokens: int, step: int) -> Tensor:
         """One optimizer step over `batches`, queued: returns the (loss sum, NLL sum, target tokens)
         of the update on the device, read by the caller when it chooses. A non-finite loss sum means
@@ -249,8 +246,9 @@ class Trainer:
         if not self.skips_on_device and not bool(finite):  # a host wait, where the device cannot skip
             self.optimizer.zero_grad(set_to_none=True)
             return totals
+        rate = learning_rate(step, self.d_model, self.config, self.time_spent)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.rate(step)
+            group["lr"] = rate
         if self.config.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
