@@ -111,8 +111,8 @@ class TrainConfig(Options):
     patience: int | None = knob(None, "Stop after this many validations without a better result.", min=1)
     validate_interval_updates: int = knob(0, "Validate every N updates too (0: at epoch ends only).", min=0)
     save_interval_updates: int = knob(0, "Save a checkpoint every N updates (0: off).", min=0)
-    save_interval_minutes: float = knob(10.0, "Save a checkpoint every this many minutes (the paper: 10).",
-                                         min=0.0, exclusive_min=True)
+    save_interval_minutes: float = knob(10.0, "Save a checkpoint every this many minutes, and at each epoch's end "
+                                         "(the paper: 10).", min=0.0, exclusive_min=True)
     keep_last: int = knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
     log_interval: int = knob(50, "Log every N updates.", min=1)
     tensorboard: bool = knob(False, "Also write TensorBoard events to SAVE_DIR/tensorboard (needs tensorboard).")

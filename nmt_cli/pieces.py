@@ -15,13 +15,14 @@ from nmt_cli.vocab import SPECIALS
 
 MODEL_TYPES = ("unigram", "bpe")
 MAX_SENTENCES = 2_000_000  # a sample of a larger corpus is enough to learn the pieces
+TRAINER_THREADS = 16  # SentencePiece's default; fixed, since the scores it learns depend on it
 
 
-def learn_sentencepiece(lines: Iterable[str], vocab_size: int, model_type: str, threads: int,
+def learn_sentencepiece(lines: Iterable[str], vocab_size: int, model_type: str,
                         source: str = "the training text") -> bytes:
     """A serialized SentencePiece model of at most `vocab_size` pieces learned from `lines`
-    (`source` names them in errors). An error reading `lines` is raised as it is, not inside
-    SentencePiece's own message."""
+    (`source` names them in errors), the same on any machine and for any number of workers. An
+    error reading `lines` is raised as it is, not inside SentencePiece's own message."""
     import sentencepiece
 
     model = io.BytesIO()
@@ -39,7 +40,7 @@ def learn_sentencepiece(lines: Iterable[str], vocab_size: int, model_type: str, 
             sentence_iterator=sentences(), model_writer=model, vocab_size=vocab_size, model_type=model_type,
             pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece=pad, bos_piece=bos, eos_piece=eos, unk_piece=unk,
             character_coverage=1.0, hard_vocab_limit=False, input_sentence_size=MAX_SENTENCES,
-            shuffle_input_sentence=True, num_threads=threads, minloglevel=2)
+            shuffle_input_sentence=True, num_threads=TRAINER_THREADS, minloglevel=2)
     except RuntimeError as e:
         if failures:
             raise failures[0] from None

@@ -275,8 +275,7 @@ def sentencepiece_model(opts: PreprocessConfig, train: tuple[Path, Path] | None)
     assert train is not None and opts.vocab_size is not None  # check_options
     lines = (line.lower() if opts.text.lowercase else line
              for pair in read_pairs(*train) for line in pair if line.strip() and "\x00" not in line)
-    return learn_sentencepiece(lines, opts.vocab_size, opts.sentencepiece_type, opts.workers,
-                               f"{train[0]} and {train[1]}")
+    return learn_sentencepiece(lines, opts.vocab_size, opts.sentencepiece_type, f"{train[0]} and {train[1]}")
 
 
 def bpe_codes(opts: PreprocessConfig, word_counts: tuple[Counter, Counter] | None) -> str | None:

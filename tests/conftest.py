@@ -92,7 +92,7 @@ def tiny_sentencepiece_checkpoint(path: Path, seed: int = 0) -> Path:
     from nmt_cli.pieces import learn_sentencepiece, load_sentencepiece
 
     lines = [s for pair in synthetic_pairs(200, seed, "upper") for s in pair]
-    pieces = learn_sentencepiece(lines, 40, "unigram", threads=1)
+    pieces = learn_sentencepiece(lines, 40, "unigram")
     processor = load_sentencepiece(pieces)
     tokens = [processor.id_to_piece(i) for i in range(4, processor.get_piece_size())]
     tiny_checkpoint(path, seed, tokens)
