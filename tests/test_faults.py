@@ -126,7 +126,7 @@ def test_killed_translate_or_preprocess_leaves_nothing_that_looks_complete(tmp_p
 
     rng = random.Random(0)
     lines = [" ".join(rng.choice(SYMBOLS) + rng.choice(SYMBOLS) for _ in range(rng.randint(20, 40)))
-             for _ in range(20000)]
+             for _ in range(60000)]
     write_lines(tmp_path / "in.src", lines)
     write_lines(tmp_path / "in.tgt", lines)
     if command == "translate":
@@ -139,9 +139,9 @@ def test_killed_translate_or_preprocess_leaves_nothing_that_looks_complete(tmp_p
     process = subprocess.Popen([sys.executable, "-m", "nmt_cli", *args], env=ENV, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".out.nmt-tmp-*")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
-    assert process.poll() is None, "finished before it could be killed"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGSTOP)  # frozen while it writes: no race with its finishing
+    assert process.poll() is None and not (tmp_path / "out").exists(), "finished before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (tmp_path / "out").exists() and list(tmp_path.glob(".out.nmt-tmp-*"))
