@@ -5,8 +5,8 @@
 #   3. nmt train: the `small` preset for MINUTES minutes (default 30), a checkpoint every
 #      MINUTES/15 minutes and at each epoch's end (so the last 5 span the final 10-20% of the
 #      updates at 25 minutes on 2 cores; 5 over the final third averaged no better). The recipe
-#      for this small corpus (measured in tests/benchmarks/quality_multi30k.py): batches of 1,024 tokens,
-#      a rate rising to 1.5e-3 over 200 warmup updates, then falling linearly to 0 at the end of
+#      for this small corpus (measured in tests/benchmarks/quality_multi30k.py): batches of 1,024
+#      tokens, a rate rising to 1.5e-3 over 200 warmup updates, then falling linearly to 0 at the end of
 #      the MINUTES, dropout 0.1 on the attention weights and after the FFN's ReLU too (the
 #      residual dropout alone lets this model overfit Multi30k in 13 epochs), in bf16 where the
 #      hardware multiplies bf16 (a CPU with AVX512-BF16 or AMX, a GPU), else fp32; the paper's

@@ -48,8 +48,9 @@ def evaluate(work: Path, minutes: float, threads: int, whole_run: bool, lenpens:
              ema: bool) -> dict:
     """Scores of the average of the last 5 checkpoints written within `minutes` (all of them for
     the whole run: its last one is written after the final validation, past the budget)."""
-    found = [(ckpt.load(path)["progress"]["elapsed_s"], n, path) for n, path in numbered(work / "ckpt")]
-    within = [(n, path) for elapsed, n, path in found if whole_run or elapsed <= minutes * 60]
+    within = numbered(work / "ckpt")
+    if not whole_run:
+        within = [(n, path) for n, path in within if ckpt.load(path)["progress"]["elapsed_s"] <= minutes * 60]
     result: dict = {"benchmark": "quality_multi30k", "minutes": minutes, "updates": within[-1][0],
                     "averaged": [n for n, _ in within[-5:]]}
     ckpt.save(ckpt.average([path for _, path in within[-5:]]), work / f"avg{minutes:g}.pt")
