@@ -12,6 +12,9 @@ from nmt_cli.options import Options, knob
 
 POSITIONS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
+# The FFN's nonlinearity: the paper's ReLU (eq. 2), or those of released models (`nmt import`): GELU
+# (Hendrycks and Gimpel, 2016) exact or in its tanh or sigmoid approximation (Marian's), swish (x sigmoid(x)).
+ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "gelu-sigmoid", "swish")
 POSITION_TABLE_MAX = 1 << 28  # max_positions x d_model: 1 GiB of float32 positional encodings
 
 
@@ -39,6 +42,12 @@ class ModelConfig(Options):
     norm: str = knob("post", "Sub-layer norm: post = LayerNorm(x + Sublayer(x)) as in the paper.", choices=NORMS)
     max_positions: int = knob(1024, "Longest sequence (tokens, incl. EOS) the model accepts.", min=1,
                                max=65536)
+    activation: str = knob("relu", "The feed-forward network's nonlinearity (eq. 2: ReLU).", choices=ACTIVATIONS)
+    scale_embeddings: bool = knob(True, "Multiply token embeddings by sqrt(d_model) (§3.4).",
+                                  negation="--no-scale-embeddings")
+    tied_output: bool = knob(True, "The pre-softmax projection shares the target embedding's matrix (§3.4).",
+                             negation="--untied-output")
+    output_bias: bool = knob(False, "A bias on the pre-softmax projection (released Marian models have one).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -94,6 +103,7 @@ class ModelConfig(Options):
             total += 2 * norm
         if self.positions == "learned":
             total += 2 * self.max_positions * d
+        total += (0 if self.tied_output else tgt_vocab * d) + (tgt_vocab if self.output_bias else 0)
         return total
 
 
@@ -132,7 +142,8 @@ TABLE3: tuple[PaperRow, ...] = (
 )
 
 ARCHITECTURE_FIELDS = (
-    "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "positions", "norm",
+    "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "positions", "norm", "activation",
+    "scale_embeddings", "tied_output", "output_bias",
 )
 
 

@@ -17,7 +17,7 @@ import os
 import pickle
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,12 @@ from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason, remove_stale_temporaries, replacing
 from nmt_cli.model import Transformer
+from nmt_cli.release import Released
 from nmt_cli.version import __version__
 from nmt_cli.vocab import PAD_ID, SPECIALS, Vocabulary
 
 FORMAT_VERSION = 2
+LANGUAGE_CODE = re.compile(r">>.+<<")  # a multilingual Marian model's target-language token
 
 
 @dataclass
@@ -45,24 +47,62 @@ class ModelBundle:
     src_vocab: Vocabulary
     tgt_vocab: Vocabulary
     sentencepiece: bytes | None = None
+    target_sentencepiece: bytes | None = None  # the target side's own model (None: `sentencepiece` serves both)
+    released: Released = field(default_factory=lambda: Released())
 
     @property
     def shared(self) -> bool:
         """One vocabulary for both sides (3-way tying)."""
         return self.src_vocab is self.tgt_vocab
 
+    def pieces(self, side: str) -> bytes | None:
+        """The SentencePiece model of the "source" or "target" side (one for both unless the
+        model came with two)."""
+        own = self.target_sentencepiece if side == "target" else None
+        return own if own is not None else self.sentencepiece
+
+    @property
+    def never(self) -> list[int]:
+        """Target ids no search outputs besides the specials: the vocabulary's fillers, the
+        released model's banned tokens."""
+        ids = {token: i for i, token in enumerate(self.tgt_vocab.tokens)}  # fillers too, which `index` leaves out
+        return sorted({*self.tgt_vocab.fillers, *(ids[token] for token in self.released.never_output)})
+
+    @property
+    def language_codes(self) -> list[str]:
+        """The target-language tokens (>>code<<) a multilingual Marian model knows."""
+        return [t for t in self.src_vocab.tokens if LANGUAGE_CODE.fullmatch(t)] if self.text.language_codes else []
+
+    def summary(self) -> dict[str, Any]:
+        """What `nmt info -m` says of the model."""
+        config, text = self.model.config, self.text
+        sizes = f"{len(self.src_vocab):,} shared" if self.shared else \
+            f"{len(self.src_vocab):,} source, {len(self.tgt_vocab):,} target"
+        subwords = ("BPE" if self.bpe_codes else "SentencePiece" if text.sentencepiece else "none") + \
+            (" (one model per side)" if self.target_sentencepiece is not None else "")
+        return {"languages": f"{text.source_lang}-{text.target_lang}",
+                "parameters": sum(p.numel() for p in self.model.parameters()),
+                "layers": f"{config.encoder_layers} encoder, {config.decoder_layers} decoder",
+                "architecture": ", ".join(f"{k} {v}" for k, v in config.to_dict().items()),
+                "vocabulary": sizes, "subwords": subwords, "language_codes": self.language_codes,
+                "search": ", ".join(f"{k} {v}" for k, v in self.released.search.items()) or "nmt-cli's defaults",
+                "origin": self.released.origin or "trained with nmt-cli"}
+
     def describe(self) -> dict[str, Any]:
-        return describe(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab, self.sentencepiece)
+        return describe(self.model, self.text, self.bpe_codes, self.src_vocab, self.tgt_vocab, self.sentencepiece,
+                        self.target_sentencepiece, self.released)
 
 
 # What `describe` writes beside the weights ("model"): all a model file needs to be used (`nmt export`
-# keeps these in a safetensors file's metadata).
-DESCRIPTION = ("format_version", "nmt_cli_version", "model_config", "text_config", "bpe_codes", "sentencepiece",
-               "src_vocab", "tgt_vocab", "shared_vocab")
+# keeps these in a safetensors file's metadata). The last three may be absent (older checkpoints).
+DESCRIPTION = ("format_version", "nmt_cli_version", "model_config", "text_config", "bpe_codes", "src_vocab",
+               "tgt_vocab", "shared_vocab", "sentencepiece", "target_sentencepiece", "released")
+OPTIONAL = ("sentencepiece", "target_sentencepiece", "released")
 
 
 def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vocab: Vocabulary,
-             tgt_vocab: Vocabulary, sentencepiece: bytes | None = None) -> dict[str, Any]:
+             tgt_vocab: Vocabulary, sentencepiece: bytes | None = None, target_sentencepiece: bytes | None = None,
+             released: Released = Released()) -> dict[str, Any]:
     """The self-describing part of every checkpoint: the DESCRIPTION fields and the weights."""
     return {
         "format_version": FORMAT_VERSION,
@@ -71,9 +111,11 @@ def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vo
         "text_config": text.to_dict(),
         "bpe_codes": bpe_codes,
         "sentencepiece": sentencepiece,
+        "target_sentencepiece": target_sentencepiece,
         "src_vocab": src_vocab.tokens,
         "tgt_vocab": tgt_vocab.tokens,
         "shared_vocab": model.src_embed.tokens is model.tgt_embed.tokens,
+        "released": released.to_dict(),
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
 
@@ -184,7 +226,7 @@ def checked_model(checkpoint: dict[str, Any], path: Path) -> Transformer:
     only be overwritten: seconds for `big`), once the checkpoint is known to hold a valid
     description and exactly that model's weights, floating point and finite. Its text settings
     are normalized in place (a JSON round trip makes tuples lists)."""
-    missing = [key for key in DESCRIPTION if key not in checkpoint and key != "sentencepiece"] + \
+    missing = [key for key in DESCRIPTION if key not in checkpoint and key not in OPTIONAL] + \
         (["model"] if not isinstance(checkpoint.get("model"), dict) else [])
     if missing:
         raise NmtError(f"{path}: damaged checkpoint: no {missing[0]!r}")
@@ -192,9 +234,13 @@ def checked_model(checkpoint: dict[str, Any], path: Path) -> Transformer:
         config = ModelConfig.from_dict(checkpoint["model_config"])
         checkpoint["text_config"] = TextConfig.from_dict(checkpoint["text_config"]).to_dict()
         sizes = [_vocabulary_size(checkpoint[key], key) for key in ("src_vocab", "tgt_vocab")]
-        for key, kind in (("bpe_codes", str), ("sentencepiece", bytes)):
+        for key, kind in (("bpe_codes", str), ("sentencepiece", bytes), ("target_sentencepiece", bytes)):
             if not isinstance(checkpoint.get(key), (kind, type(None))):
                 raise TypeError(f"{key} is a {type(checkpoint[key]).__name__}, not {kind.__name__}")
+        released = Released.from_dict(checkpoint.get("released"))
+        unknown = [t for t in released.never_output if t not in checkpoint["tgt_vocab"]]
+        if unknown:
+            raise ValueError(f"released.never_output names {unknown[0]!r}, which the target vocabulary lacks")
         with torch.device("meta"), _NoDraws():
             model = Transformer(config, *sizes, PAD_ID, checkpoint["shared_vocab"] is True)
     except (ValueError, TypeError, AttributeError) as e:
@@ -250,7 +296,8 @@ def bundle_of(checkpoint: dict[str, Any], path: Path) -> ModelBundle:
     src_vocab = Vocabulary(checkpoint["src_vocab"][4:])
     tgt_vocab = src_vocab if checkpoint["shared_vocab"] else Vocabulary(checkpoint["tgt_vocab"][4:])
     return ModelBundle(model.eval(), TextConfig.from_dict(checkpoint["text_config"]), checkpoint["bpe_codes"],
-                       src_vocab, tgt_vocab, checkpoint.get("sentencepiece"))
+                       src_vocab, tgt_vocab, checkpoint.get("sentencepiece"), checkpoint.get("target_sentencepiece"),
+                       Released.from_dict(checkpoint.get("released")))
 
 
 def average(paths: list[Path]) -> dict[str, Any]:
@@ -262,7 +309,7 @@ def average(paths: list[Path]) -> dict[str, Any]:
     if not paths:
         raise NmtError("no checkpoints to average")
     first = load(paths[0])
-    keys = ("model_config", "text_config", "bpe_codes", "sentencepiece", "src_vocab", "tgt_vocab", "shared_vocab")
+    keys = DESCRIPTION[2:]  # all but the versions
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
     updates = [first.get("progress", {}).get("updates")]
     for path in paths[1:]:
@@ -318,8 +365,9 @@ def save_safetensors(checkpoint: dict[str, Any], path: Path) -> None:
         else:
             seen[key], tensors[name] = name, tensor.contiguous()
     description = {key: checkpoint.get(key) for key in DESCRIPTION}
-    if description["sentencepiece"] is not None:
-        description["sentencepiece"] = base64.b64encode(description["sentencepiece"]).decode("ascii")
+    for key in ("sentencepiece", "target_sentencepiece"):
+        if description[key] is not None:
+            description[key] = base64.b64encode(description[key]).decode("ascii")
     metadata = {"nmt_cli": json.dumps(description, ensure_ascii=False), "aliases": json.dumps(aliases)}
     data = serialize(tensors, metadata=metadata)  # written by us: the usual file mode, errors as OSError
     remove_stale_temporaries(path.parent)  # those of an export that was killed
@@ -344,8 +392,9 @@ def load_safetensors(path: Path) -> dict[str, Any]:
         checkpoint = json.loads(metadata["nmt_cli"])
         for name, original in json.loads(metadata.get("aliases", "{}")).items():
             weights[name] = weights[original]
-        if checkpoint.get("sentencepiece") is not None:
-            checkpoint["sentencepiece"] = base64.b64decode(checkpoint["sentencepiece"])
+        for key in ("sentencepiece", "target_sentencepiece"):
+            if checkpoint.get(key) is not None:
+                checkpoint[key] = base64.b64decode(checkpoint[key])
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise NmtError(f"{path}: nmt-cli's description in it is damaged ({type(e).__name__}: {e})") from None
     return {**checkpoint, "model": weights}  # load checks the format version

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import PreprocessConfig, SearchConfig, ServeConfig, TextConfig, TrainConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
@@ -46,11 +47,33 @@ def main() -> None:
               help="Vocabulary size (joint unless --tgt-vocab-size is given).")
 @click.option("--tgt-vocab-size", type=click.IntRange(min=1), default=None,
               help="Target vocabulary size for separate vocabularies (2-way tying).")
+@click.option("-m", "--model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Describe this checkpoint instead: its architecture, vocabularies, language codes, search.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, **overrides: Any) -> None:
-    """Show an architecture and its parameter count.
+def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | None, as_json: bool,
+         **overrides: Any) -> None:
+    """Show an architecture, or a checkpoint (-m).
 
     With Table 3's count when the architecture is a row of the paper."""
+    if model is not None:
+        given = sorted(given_flags() - {"model", "as_json"})
+        if given:
+            raise click.UsageError(f"--{given[0].replace('_', '-')} describes an architecture; -m describes the "
+                                   "checkpoint's own")
+        from nmt_cli.checkpoint import load_bundle
+
+        about = load_bundle(model).summary()
+        if as_json:
+            click.echo(json.dumps(about, ensure_ascii=False))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"nmt-cli checkpoint {model.name}", show_header=False)
+        for key, value in about.items():
+            table.add_row(key, ", ".join(map(str, value)) or "none" if isinstance(value, list) else str(value))
+        Console().print(table)
+        return
     config = build_model_config(arch, overrides)
     shared = tgt_vocab_size is None
     params = config.num_parameters(vocab_size, tgt_vocab_size or vocab_size, shared)
@@ -79,9 +102,11 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, as_json: bool, 
     Console().print(table)
 
 
-# What `nmt preprocess --from-data` takes from the data directory, besides its text settings.
-FROM_DATA_DECIDES = ("bpe_codes", "bpe_merges", "sentencepiece_model", "sentencepiece_type", "srcdict", "tgtdict",
-                     "vocab_size", "vocab_min_count", "padding_factor", "joined_dictionary")
+# What `nmt preprocess --from-data` (or --from-model) takes from the data directory (or checkpoint),
+# besides its text settings.
+FROM_DATA_DECIDES = ("bpe_codes", "bpe_merges", "sentencepiece_model", "target_sentencepiece_model",
+                     "sentencepiece_type", "srcdict", "tgtdict", "vocab_size", "vocab_min_count", "padding_factor",
+                     "joined_dictionary")
 
 
 @main.command()
@@ -89,26 +114,40 @@ FROM_DATA_DECIDES = ("bpe_codes", "bpe_merges", "sentencepiece_model", "sentence
 @config_options(PreprocessConfig)
 @click.option("--from-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Reuse tokenizer settings, BPE codes and vocabularies of this data directory.")
+@click.option("--from-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Prepare the text as this checkpoint's model reads it (its tokenizer settings, subword models "
+                   "and vocabularies): data to fine-tune it on with `nmt train --init-from`.")
 @click.option("--quiet", is_flag=True, help="No progress bars or summary.")
-def preprocess(from_data: Path | None, quiet: bool, **options: Any) -> None:
+def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **options: Any) -> None:
     """Tokenize, learn BPE and binarize parallel text.
 
     Raw parallel text to a data directory: Moses tokenization and joint BPE (or SentencePiece),
     vocabularies, and token ids as memory-mapped arrays."""
+    import tempfile
+
     from nmt_cli.datadir import DataDir
-    from nmt_cli.preprocess import preprocess
+    from nmt_cli.preprocess import model_pipeline, preprocess
 
     text = build(TextConfig, **fields_of(TextConfig, options))
-    if from_data is not None:
+    if from_data is not None and from_model is not None:
+        raise click.UsageError("give --from-data or --from-model, not both")
+    reusing = "--from-data" if from_data is not None else "--from-model" if from_model is not None else None
+    if reusing:
         fields = {**PreprocessConfig.__dataclass_fields__, **TextConfig.__dataclass_fields__}
         decided = [name for name in sorted(given_flags()) if name in FROM_DATA_DECIDES
                    or name in TextConfig.__dataclass_fields__ and name not in ("source_lang", "target_lang")]
         if decided:
-            raise click.UsageError(f"{flag_name(fields[decided[0]])} applies only without --from-data (the data "
-                                   "directory decides the text settings, subwords and vocabularies)")
-        text, reused = DataDir.open(from_data, verify=True).reuse(text.source_lang, text.target_lang)
-        options.update(reused)
-    data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
+            raise click.UsageError(f"{flag_name(fields[decided[0]])} applies only without {reusing} (the "
+                                   f"{'data directory' if from_data else 'model'} decides the text settings, "
+                                   "subwords and vocabularies)")
+    with tempfile.TemporaryDirectory(prefix="nmt-from-model-") as files:
+        if from_data is not None:
+            text, reused = DataDir.open(from_data, verify=True).reuse(text.source_lang, text.target_lang)
+            options.update(reused)
+        elif from_model is not None:
+            text, reused = model_pipeline(from_model, Path(files), text.source_lang, text.target_lang)
+            options.update(reused)
+        data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
     if not quiet:
         print_preprocess_summary(data)
 
@@ -147,16 +186,22 @@ def print_preprocess_summary(data: DataDir) -> None:
 @config_options(TrainConfig)
 @click.option("--reset", is_flag=True, help="Start afresh even if --save-dir has a checkpoint.")
 @click.option("--init-from", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Fine-tune: start from this checkpoint's weights (new optimizer and counters).")
+              help="Fine-tune: start from this checkpoint's weights and architecture (new optimizer and counters; "
+                   "prepare the data with `nmt preprocess --from-model`).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Path | None, quiet: bool,
           **options: Any) -> None:
     """Train a Transformer with the paper's regime.
 
     Resumable (run the same command again); torchrun for many GPUs."""
-    from nmt_cli.train import TrainingRun
+    from nmt_cli.train import TrainingRun, fine_tuning_config
 
-    model_config = build_model_config(arch, options)
+    if init_from is None:
+        model_config = build_model_config(arch, options)
+    else:
+        model_flags = fields_of(ModelConfig, options)
+        given = sorted(given_flags() & {"arch", *model_flags})
+        model_config = fine_tuning_config(init_from, {name: model_flags.get(name) for name in given})
     config = build(TrainConfig, **options)
     TrainingRun(data_dir, save_dir, model_config, config, reset, init_from, progress_bar=not quiet).run()
 
@@ -209,15 +254,36 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
 
     search = build(SearchConfig, **fields_of(SearchConfig, options))
     config = build(TranslateConfig, search=search, **options)
-    searching = sorted(given_flags() & set(SearchConfig.__dataclass_fields__) - {"lenpen"})
+    searching = sorted(given_flags() & set(SearchConfig.__dataclass_fields__) - {"lenpen", "lenpen_form"})
     if config.score_reference and searching:
         raise click.UsageError(f"{flag_name(SearchConfig.__dataclass_fields__[searching[0]])} applies only to "
-                               "translation, not with --score-reference (--lenpen sets its scores' penalty)")
+                               "translation, not with --score-reference (--lenpen and --lenpen-form set its scores' "
+                               "penalty)")
     if config.attention_plot is not None:
         from nmt_cli.plot import pyplot
 
         pyplot()  # fail before translating anything when matplotlib is missing
-    translate_file(list(models), input_path, output_path, config)
+    translate_file(list(models), input_path, output_path, config,
+                   given_flags() & set(SearchConfig.__dataclass_fields__))
+
+
+@main.command("import")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The checkpoint to write (.pt).")
+def import_model(source: Path, output: Path) -> None:
+    """Make a released Marian model a checkpoint.
+
+    SOURCE: a Hugging Face MarianMTModel directory (the OPUS-MT models) or Marian's own release
+    (model.npz, decoder.yml, vocabularies, .spm files). The checkpoint translates, serves, scores,
+    exports and fine-tunes like one trained here, with the release's decoding settings as defaults."""
+    from nmt_cli.checkpoint import load_bundle
+    from nmt_cli.importer import import_model
+
+    import_model(source, output, warn=lambda message: click.echo(message, err=True))
+    about = load_bundle(output).summary()
+    click.echo(f"imported {source} into {output}: {about['parameters']:,} parameters, {about['layers']} layers, "
+               f"vocabulary {about['vocabulary']}", err=True)
 
 
 @main.command()

@@ -22,6 +22,8 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 TOKENIZERS = ("moses", "none")
 SUBWORDS = ("bpe", "sentencepiece")
+LENPEN_FORMS = ("gnmt", "length")
+STOPPING = ("early", "heuristic")
 TAG = r"<[^<>\s]+>"  # a tag such as <2de> or <BT>: tagged back-translation, multilingual models
 
 
@@ -51,7 +53,15 @@ class SearchConfig(Options):
     """Beam search (search.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
 
     beam: int = knob(4, "Beam size (1: greedy).", min=1, max=BEAM_MAX, only_if=_SEARCHING)
-    lenpen: float = knob(0.6, "Length penalty alpha: score / ((5 + |Y|) / 6)^alpha.", min=0.0, max=10.0)
+    lenpen: float = knob(0.6, "Length penalty alpha: score / ((5 + |Y|) / 6)^alpha (see --lenpen-form).", min=0.0,
+                         max=10.0)
+    lenpen_form: str = knob("gnmt", "How --lenpen divides a hypothesis' log-probability: gnmt by ((5 + |Y|) / 6)^alpha "
+                            "(Wu et al., 2016; the paper's §6.1), length by |Y|^alpha (Marian, transformers, "
+                            "CTranslate2); |Y| counts </s>.", choices=LENPEN_FORMS)
+    stopping: str = knob("early", "early: a sentence is done once --beam hypotheses have finished; heuristic: it then "
+                         "goes on while its best live hypothesis, scored at its present length, beats the worst of "
+                         "the --beam best finished ones (transformers' default; the imported models' own).",
+                         choices=STOPPING, only_if=_SEARCHING)
     max_len_a: float = knob(1.0, "Max output length = a * input length + b (within the model's positions).",
                              min=0.0)
     max_len_b: int = knob(50, "See --max-len-a.", min=0)
@@ -176,6 +186,9 @@ class TextConfig(Options):
                                negation="--no-protect-tags", only_if=_WORDS)
     protect: tuple[str, ...] = knob((), "Also keep words matching this regular expression whole (repeatable).",
                                      only_if=_WORDS)
+    language_codes: bool = knob(False, "A line's leading >>code<< (the target-language token of Marian's "
+                                "multilingual models) stays one token, as MarianTokenizer keeps it.", only_if=(
+                                    lambda c: c.sentencepiece, "with --subword sentencepiece"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -235,6 +248,10 @@ class PreprocessConfig(Options):
                                     "pieces).", choices=("unigram", "bpe"), only_if=_LEARNED_PIECES)
     sentencepiece_model: Path | None = knob(None, "With --subword sentencepiece: use this model instead of "
                                              "training one.", path=_EXISTING_FILE, only_if=_PIECES)
+    target_sentencepiece_model: Path | None = knob(None, "With --sentencepiece-model: the target side's own "
+                                                    "model (as released Marian models have).", path=_EXISTING_FILE,
+                                                    only_if=(lambda c: c.sentencepiece_model is not None,
+                                                             "with --sentencepiece-model"))
     sentencepiece_samples: int = knob(0, "With --subword sentencepiece: also write N segmentations of the training "
                                        "split sampled from the model; training takes one per epoch in turn (subword "
                                        "regularization).", min=0, max=100, only_if=_PIECES)

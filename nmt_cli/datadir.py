@@ -103,6 +103,16 @@ class DataDir:
         return path.read_bytes() if path is not None else None
 
     @property
+    def target_sentencepiece_path(self) -> Path | None:
+        """The target side's own SentencePiece model, if it has one (released Marian models)."""
+        name = self.meta.get("target_sentencepiece")
+        return self.path / name if name else None
+
+    def target_sentencepiece(self) -> bytes | None:
+        path = self.target_sentencepiece_path
+        return path.read_bytes() if path is not None else None
+
+    @property
     def sampled_splits(self) -> list[str]:
         """The training split's sampled segmentations (--sentencepiece-samples), in order."""
         names = [name for name in self.meta["splits"] if name.startswith("train.sample")]
@@ -122,6 +132,7 @@ class DataDir:
         if (text.source_lang, text.target_lang) != (src, tgt):
             raise NmtError(f"{self.path}: prepared for {text.source_lang}-{text.target_lang}, not {src}-{tgt}")
         return text, {"bpe_codes": self.bpe_codes_path, "bpe_merges": 0, "sentencepiece_model": self.sentencepiece_path,
+                      "target_sentencepiece_model": self.target_sentencepiece_path,
                       "srcdict": self.dictionary(src), "tgtdict": self.dictionary(tgt)}
 
 

@@ -28,7 +28,7 @@ from nmt_cli.model import MultiHeadAttention, Transformer
 def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = None) -> None:
     """A CTranslate2 model directory of `bundle`, with the text pipeline's files beside it."""
     try:
-        from ctranslate2.specs import transformer_spec
+        from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
         raise NmtError("--format ctranslate2 needs CTranslate2: pip install 'nmt-cli[export]' "
                        "(or pip install ctranslate2)") from None
@@ -37,8 +37,9 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
         raise NmtError(f"CTranslate2 needs d_k = d_v = d_model / heads; this model has d_k {config.d_k}, "
                        f"d_v {config.d_v} with d_model {config.d_model} and {config.heads} heads")
     pre_norm = config.norm == "pre"
+    activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[config.activation])
     spec = transformer_spec.TransformerSpec.from_config((config.encoder_layers, config.decoder_layers),
-                                                        config.heads, pre_norm=pre_norm)
+                                                        config.heads, pre_norm=pre_norm, activation=activation)
     _embeddings(spec, model)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
         _attention(layer_spec.self_attention, layer.self_attn, layer.sublayers[0].norm)
@@ -69,7 +70,7 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
                 "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json", "model.safetensors",
                 "generation_config.json", "source.spm", "target.spm", "vocab.json", "target_vocab.json",
-                "tokenizer_config.json", "README.md"}
+                "spm.target.model", "tokenizer_config.json", "README.md"}
 
 
 def _check_destination(out: Path) -> None:
@@ -96,18 +97,25 @@ def _array(tensor: torch.Tensor) -> Any:
     return tensor.detach().float().cpu().numpy()
 
 
+# Our FFN activations by CTranslate2's names.
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu-tanh": "GELUTanh", "gelu-sigmoid": "GELUSigmoid",
+                   "swish": "SWISH"}
+
+
 def _embeddings(spec: Any, model: Transformer) -> None:
     for side, embedding in ((spec.encoder, model.src_embed), (spec.decoder, model.tgt_embed)):
-        side.scale_embeddings = True
+        side.scale_embeddings = model.config.scale_embeddings
         table = embedding.learned.weight if embedding.learned is not None else embedding.sinusoid
         side.position_encodings.encodings = _array(table)
     spec.encoder.embeddings[0].weight = _array(model.src_embed.tokens.weight)
     spec.decoder.embeddings.weight = _array(model.tgt_embed.tokens.weight)
-    spec.decoder.projection.weight = _array(model.tgt_embed.tokens.weight)  # tied (§3.4)
+    _linear(spec.decoder.projection, model.output_projection)  # tied to the embedding (§3.4) unless untied
 
 
 def _linear(spec: Any, module: torch.nn.Linear) -> None:
-    spec.weight, spec.bias = _array(module.weight), _array(module.bias)
+    spec.weight = _array(module.weight)
+    if module.bias is not None:
+        spec.bias = _array(module.bias)
 
 
 def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
@@ -134,9 +142,14 @@ def text_files(bundle: ModelBundle, out: Path) -> None:
         (out / "bpe.codes").write_text(bundle.bpe_codes, encoding="utf-8")
     if bundle.sentencepiece is not None:
         (out / "spm.model").write_bytes(bundle.sentencepiece)
+    target = "spm.model"
+    if bundle.target_sentencepiece is not None:
+        (out / "spm.target.model").write_bytes(bundle.target_sentencepiece)
+        target = "spm.target.model"
     if text.sentencepiece:
-        steps = ["encode the line with spm.model (SentencePiece) into pieces; the model adds </s> itself",
-                 "decode the output pieces with spm.model"]
+        code = "; a leading >>code<< stays one piece" if text.language_codes else ""
+        steps = [f"encode the line with spm.model (SentencePiece) into pieces{code}; the model adds </s> itself",
+                 f"decode the output pieces with {target}"]
     else:
         steps = [f"Moses punctuation normalization and tokenization (sacremoses, lang {text.source_lang}, "
                  "escape=False) with the settings below" if text.tokenizer == "moses" else "split on whitespace",
@@ -144,10 +157,11 @@ def text_files(bundle: ModelBundle, out: Path) -> None:
                  "translate the tokens; the model adds </s> to the source itself",
                  "join '@@ ' in the output, then Moses detokenization (lang "
                  f"{text.target_lang})" if text.tokenizer == "moses" else "join '@@ ' in the output"]
-    search = SearchConfig()
+    search = SearchConfig(**bundle.released.search)
+    form = "by |Y|^alpha, as CTranslate2 does" if search.lenpen_form == "length" else \
+        "by ((5 + |Y|) / 6)^alpha (GNMT); CTranslate2 and transformers by |Y|^alpha"
     about = {"text_config": text.to_dict(), "steps": steps, "model_config": bundle.model.config.to_dict(),
              "search": {"beam_size": search.beam, "length_penalty": search.lenpen,
                         "max_decoding_length": bundle.model.config.max_positions - 1,
-                        "note": "nmt-cli divides scores by ((5 + |Y|) / 6)^alpha (GNMT); CTranslate2 and "
-                                "transformers by |Y|^alpha"}}
+                        "note": f"nmt-cli divides scores {form}"}}
     (out / "nmt-cli.json").write_text(json.dumps(about, indent=2) + "\n", encoding="utf-8")

@@ -197,7 +197,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
 
 
 class PackedProjection:
-    """x W^T with W reordered once into oneDNN's blocked layout, for CPU inference in float32.
+    """x W^T (+ b) with W reordered once into oneDNN's blocked layout, for CPU inference in float32.
 
     F.linear hands MKL the plain weight, which it repacks at every call; the pre-softmax
     projection is the largest matrix and runs at every step of a search, so it is packed once per
@@ -206,12 +206,13 @@ class PackedProjection:
     ops of torch.compile's CPU backend; RuntimeError or AttributeError where PyTorch has none.
     """
 
-    def __init__(self, weight: Tensor) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self.bias = bias.detach().contiguous() if bias is not None else None
         self(weight[:1].detach())  # a missing kernel fails here, not in the middle of a search
 
     def __call__(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
@@ -221,7 +222,7 @@ def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
     if type(projection) is nn.Linear and projection.weight.device.type == "cpu" and \
             projection.weight.dtype == torch.float32:
         try:
-            return PackedProjection(projection.weight)
+            return PackedProjection(projection.weight, projection.bias)
         except (RuntimeError, AttributeError):
             pass
     return projection

@@ -2,8 +2,9 @@
 `MarianTokenizer` and a model card, so that `AutoModelForSeq2SeqLM.from_pretrained(DIR)` and
 `AutoTokenizer.from_pretrained(DIR)` (and the tools built on them) translate as `nmt translate` does.
 
-Marian's layers are ours (post-norm, relu, sinusoidal positions with the paper's frequencies,
-embeddings scaled by sqrt(d_model), tied output projection), except that it lays a position's
+Marian's layers are ours (post-norm, relu or another activation, sinusoidal positions with the
+paper's frequencies, embeddings scaled by sqrt(d_model), an output projection tied or not, with a
+bias or not), except that it lays a position's
 sinusoid out as all sines, then all cosines, where §3.5 (and we) interleave them. Permuting the
 d_model dimensions of the whole residual stream the same way (every weight that reads it or
 writes it, every layer norm, the embeddings) gives a network that computes exactly ours: the
@@ -24,6 +25,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.export import text_files, write_export
 from nmt_cli.model import MultiHeadAttention, SublayerConnection, Transformer
+from nmt_cli.release import sines_then_cosines
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -57,7 +59,7 @@ def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> No
 def check_marian(bundle: ModelBundle) -> None:
     """Refuse, in one line with the reason, a model or text pipeline that Marian cannot hold."""
     config, text = bundle.model.config, bundle.text
-    reasons = [(config.norm == "pre", "a pre-norm model (Marian's layers are post-norm)"),
+    reasons = [(config.norm == "pre", "a pre-norm model (MarianMTModel's layers are post-norm)"),
                (config.positions == "learned", "learned positions (Marian's are sinusoidal)"),
                (config.d_k != config.d_model // config.heads or config.d_v != config.d_k,
                 f"d_k {config.d_k} and d_v {config.d_v} (Marian's heads are d_model / heads = "
@@ -76,36 +78,40 @@ def check_marian(bundle: ModelBundle) -> None:
 
 
 def marian_config(config_class: Any, bundle: ModelBundle) -> Any:
-    """Marian's description of our network: its sizes, post-norm relu layers, scaled embeddings
-    tied to the output projection, and our special ids."""
+    """Marian's description of our network: its sizes, post-norm layers and their activation,
+    the embeddings (scaled or not, tied to the output projection or not), and our special ids."""
     config = bundle.model.config
     return config_class(
         vocab_size=len(bundle.src_vocab), decoder_vocab_size=len(bundle.tgt_vocab),
         share_encoder_decoder_embeddings=bundle.shared, d_model=config.d_model, encoder_layers=config.encoder_layers,
         decoder_layers=config.decoder_layers, encoder_attention_heads=config.heads,
         decoder_attention_heads=config.heads, encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
-        max_position_embeddings=config.max_positions, scale_embedding=True, activation_function="relu",
+        max_position_embeddings=config.max_positions, scale_embedding=config.scale_embeddings,
+        activation_function=HF_ACTIVATIONS[config.activation],
         dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=config.relu_dropout,
         pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=EOS_ID, tie_word_embeddings=True)
+        forced_eos_token_id=EOS_ID, tie_word_embeddings=config.tied_output)
+
+
+# Our FFN activations by transformers' names.
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new", "gelu-sigmoid": "quick_gelu",
+                  "swish": "swish"}
 
 
 def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
-    """`generate`'s defaults as `nmt translate`'s: start from <s>, never output what our search
-    never outputs, at most max_positions - 1 tokens and then </s> (transformers' max_length counts
-    the start and </s>), our beam size, and our length penalty's alpha (which transformers applies
-    as |Y|^alpha)."""
-    search = SearchConfig()
+    """`generate`'s defaults as `nmt translate`'s (`translator.model_search`): start from <s>, never
+    output what our search never outputs, at most our length limit of tokens and then </s>
+    (transformers' max_length counts the start and </s>: a limit that grows with the source is
+    taken at max_positions - 1), our beam size, our stopping rule, and our length penalty's alpha
+    (which transformers applies as |Y|^alpha)."""
+    search = SearchConfig(**bundle.released.search)
+    limit = search.max_len_b if search.max_len_a == 0 else bundle.model.config.max_positions - 1
+    banned = [PAD_ID, BOS_ID] + ([] if search.allow_unk else [UNK_ID]) + bundle.never
     return config_class(
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-        forced_eos_token_id=EOS_ID, max_length=bundle.model.config.max_positions + 1, num_beams=search.beam,
-        length_penalty=search.lenpen,
-        bad_words_ids=[[PAD_ID], [BOS_ID], [UNK_ID], *([i] for i in bundle.tgt_vocab.fillers)])
-
-
-def sines_then_cosines(d_model: int) -> torch.Tensor:
-    """Marian's dimension i is our dimension order[i]: our sin/cos pairs, sines first."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+        forced_eos_token_id=EOS_ID, max_length=min(limit, bundle.model.config.max_positions - 1) + 2,
+        num_beams=search.beam, length_penalty=search.lenpen, early_stopping=search.stopping == "early",
+        bad_words_ids=[[i] for i in banned])
 
 
 def marian_weights(model: Transformer, shared: bool) -> dict[str, torch.Tensor]:
@@ -118,11 +124,12 @@ def marian_weights(model: Transformer, shared: bool) -> dict[str, torch.Tensor]:
 
     tgt = model.tgt_embed.tokens.weight[:, order]
     put("model.decoder.embed_tokens.weight", tgt)
-    put("lm_head.weight", tgt)
+    put("lm_head.weight", model.output_projection.weight[:, order])
     put("model.encoder.embed_tokens.weight", model.src_embed.tokens.weight[:, order])
     if shared:
         put("model.shared.weight", tgt)
-    put("final_logits_bias", torch.zeros(1, tgt.size(0)))
+    bias = model.output_projection.bias
+    put("final_logits_bias", (bias if bias is not None else torch.zeros(tgt.size(0))).unsqueeze(0))
     for side, layers in (("encoder", model.encoder_layers), ("decoder", model.decoder_layers)):
         for i, layer in enumerate(layers):
             prefix = f"model.{side}.layers.{i}."
@@ -169,8 +176,8 @@ def _copy(tensor: torch.Tensor) -> torch.Tensor:
 def _tokenizer_files(bundle: ModelBundle, out: Path) -> None:
     """MarianTokenizer's files: the SentencePiece model for each side and the pieces' ids (ours)."""
     assert bundle.sentencepiece is not None
-    for name in ("source.spm", "target.spm"):
-        (out / name).write_bytes(bundle.sentencepiece)
+    for name, side in (("source.spm", "source"), ("target.spm", "target")):
+        (out / name).write_bytes(bundle.pieces(side))
     vocabularies = [("vocab.json", bundle.src_vocab)]
     if not bundle.shared:
         vocabularies.append(("target_vocab.json", bundle.tgt_vocab))
@@ -187,7 +194,7 @@ def _tokenizer_files(bundle: ModelBundle, out: Path) -> None:
 def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str) -> str:
     """README.md of the export: what the model is, what it was trained on and how well, how to run
     it; the licence is left for the user to set."""
-    config, text, search = bundle.model.config, bundle.text, SearchConfig()
+    config, text, search = bundle.model.config, bundle.text, SearchConfig(**bundle.released.search)
     params = sum(p.numel() for p in bundle.model.parameters())  # a tied matrix counted once
     vocabulary = f"one vocabulary of {len(bundle.src_vocab):,} pieces for both sides" \
         if bundle.shared else \
@@ -200,7 +207,8 @@ def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str) -> 
              "--format transformers`: a MarianMTModel that computes what nmt-cli's model computes.", "",
              "## Architecture", "",
              f"{config.encoder_layers} encoder and {config.decoder_layers} decoder layers, d_model {config.d_model}, "
-             f"d_ff {config.d_ff}, {config.heads} heads, post-norm, sinusoidal positions: {params:,} parameters. "
+             f"d_ff {config.d_ff}, {config.heads} heads, post-norm, {config.activation} FFN, sinusoidal positions: "
+             f"{params:,} parameters. "
              f"SentencePiece: {vocabulary}.", "",
              "## Training", ""]
     lines += _training(checkpoint) or ["Not recorded in the checkpoint."]
@@ -211,9 +219,11 @@ def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str) -> 
               'batch = tokenizer(["A sentence to translate."], return_tensors="pt", padding=True)',
               "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
               "```", "", f"`generate` searches as `nmt translate` does by default (beam {search.beam}, length "
-              f"penalty alpha {search.lenpen}), except that transformers divides a hypothesis' score by |Y|^alpha "
-              "where nmt-cli divides it by ((5 + |Y|) / 6)^alpha (GNMT). Greedy search (`num_beams=1`) gives "
-              "nmt-cli's translations exactly.", ""]
+              f"penalty alpha {search.lenpen}), " + (
+                  "both dividing a hypothesis' score by |Y|^alpha." if search.lenpen_form == "length" else
+                  "except that transformers divides a hypothesis' score by |Y|^alpha where nmt-cli divides it by "
+                  "((5 + |Y|) / 6)^alpha (GNMT).") + " Greedy search (`num_beams=1`) gives nmt-cli's translations "
+              "exactly.", ""]
     return "\n".join(lines)
 
 

@@ -39,7 +39,7 @@ class Embedding(nn.Module):
     def __init__(self, tokens: nn.Embedding, config: ModelConfig) -> None:
         super().__init__()
         self.tokens = tokens
-        self.scale = math.sqrt(config.d_model)
+        self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.learned = (
             nn.Embedding(config.max_positions, config.d_model) if config.positions == "learned" else None
         )
@@ -165,17 +165,28 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.q(x), self.d_k)
 
 
+def gelu_sigmoid(x: Tensor) -> Tensor:
+    """GELU's sigmoid approximation x sigmoid(1.702 x) (Hendrycks and Gimpel, 2016), Marian's `gelu`."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu-tanh": lambda x: F.gelu(x, approximate="tanh"),
+               "gelu-sigmoid": gelu_sigmoid, "swish": F.silu}
+
+
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, eq. 2."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, eq. 2 (another nonlinearity than max(0, .) for some
+    released models: `ModelConfig.activation`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(config.d_model, config.d_ff)
         self.w2 = nn.Linear(config.d_ff, config.d_model)
         self.dropout = nn.Dropout(config.relu_dropout)
+        self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.dropout(F.relu(self.w1(x))))
+        return self.w2(self.dropout(self.activation(self.w1(x))))
 
 
 class SublayerConnection(nn.Module):
@@ -234,7 +245,8 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer (§3, Figure 1) with shared embeddings (§3.4).
 
     With a shared (joint) vocabulary one matrix serves as source embedding, target embedding and
-    pre-softmax projection; otherwise the target embedding and the projection are tied.
+    pre-softmax projection; otherwise the target embedding and the projection are tied. (Some
+    released models untie the projection or give it a bias: `tied_output`, `output_bias`.)
     """
 
     def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
@@ -253,27 +265,33 @@ class Transformer(nn.Module):
         pre_norm = config.norm == "pre"
         self.encoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
-        # The pre-softmax linear transformation (§3.4), made on the meta device: it takes the target
-        # embedding's matrix (tie_weights), so drawing a weight of its own would only use random numbers.
-        self.output_projection = nn.Linear(config.d_model, tgt_vocab_size, bias=False, device="meta")
+        # The pre-softmax linear transformation (§3.4). Tied, it is made on the meta device: it takes the
+        # target embedding's matrix (tie_weights), so drawing a weight of its own would only use random numbers.
+        self.output_projection = nn.Linear(config.d_model, tgt_vocab_size, bias=False,
+                                           device="meta" if config.tied_output else None)
+        if config.output_bias:
+            self.output_projection.bias = nn.Parameter(torch.zeros(tgt_vocab_size))
         self.tie_weights()
         self.reset_parameters()
 
     def tie_weights(self) -> None:
-        """The pre-softmax projection shares the target embedding's matrix (§3.4)."""
-        self.output_projection.weight = self.tgt_embed.tokens.weight
+        """The pre-softmax projection shares the target embedding's matrix (§3.4), unless untied."""
+        if self.config.tied_output:
+            self.output_projection.weight = self.tgt_embed.tokens.weight
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform projections with zero biases; embeddings N(0, d_model^-0.5), pad row 0."""
+        """Xavier-uniform projections with zero biases; embeddings (and an untied pre-softmax
+        projection) N(0, d_model^-0.5), pad row 0."""
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
-        for embedding in {self.src_embed.tokens, self.tgt_embed.tokens}:
-            nn.init.normal_(embedding.weight, mean=0.0, std=self.config.d_model ** -0.5)
+        matrices = [self.src_embed.tokens.weight, self.tgt_embed.tokens.weight, self.output_projection.weight]
+        for weight in {id(w): w for w in matrices}.values():  # each tied matrix once, in this order
+            nn.init.normal_(weight, mean=0.0, std=self.config.d_model ** -0.5)
             with torch.no_grad():
-                embedding.weight[self.pad_index].zero_()
+                weight[self.pad_index].zero_()
         for embed in (self.src_embed, self.tgt_embed):
             if embed.learned is not None:
                 nn.init.normal_(embed.learned.weight, mean=0.0, std=self.config.d_model ** -0.5)

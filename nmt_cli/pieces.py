@@ -62,8 +62,9 @@ def _training_error(message: str, vocab_size: int, source: str) -> str:
     return f"SentencePiece could not learn a model from {source}: {last}"
 
 
-def load_sentencepiece(model: bytes, source: str = "SentencePiece model") -> object:
-    """A SentencePieceProcessor of a serialized model whose special pieces have our ids."""
+def load_sentencepiece(model: bytes, source: str = "SentencePiece model", specials: bool = True) -> object:
+    """A SentencePieceProcessor of a serialized model; with `specials`, one whose special pieces
+    have our ids (a vocabulary is to be built from its pieces)."""
     import sentencepiece
 
     processor = sentencepiece.SentencePieceProcessor()
@@ -71,6 +72,8 @@ def load_sentencepiece(model: bytes, source: str = "SentencePiece model") -> obj
         processor.LoadFromSerializedProto(model)
     except (RuntimeError, TypeError, OSError):
         raise NmtError(f"{source}: not a SentencePiece model (its protobuf does not parse)") from None
+    if not specials:
+        return processor
     ids = [processor.piece_to_id(piece) for piece in SPECIALS]
     if ids != list(range(len(SPECIALS))):
         raise NmtError(f"{source}: its special pieces {', '.join(SPECIALS)} have ids {ids}, not 0-3 "

@@ -25,9 +25,11 @@ class TextPipeline:
         self.input_format, self.output_format = input_format, output_format
         self.src_vocab, self.tgt_vocab = bundle.src_vocab, bundle.tgt_vocab
         text, codes = bundle.text, bundle.bpe_codes if input_format == "raw" else None
-        self.source = TextProcessor(text, text.source_lang, codes, bundle.sentencepiece)
-        self.target = TextProcessor(text, text.target_lang, None, bundle.sentencepiece)  # detokenizes
+        self.source = TextProcessor(text, text.source_lang, codes, bundle.pieces("source"))
+        self.target = TextProcessor(text, text.target_lang, None, bundle.pieces("target"))  # detokenizes
         self.unknown_target = False  # a prefix or reference held tokens the vocabulary lacks (warned once)
+        self.codes = set(bundle.language_codes)  # a multilingual model's target-language tokens
+        self.uncoded = False  # a line came without one (warned once)
 
     @functools.cached_property
     def target_encoder(self) -> TextProcessor:
@@ -35,13 +37,19 @@ class TextPipeline:
         take a while to read."""
         text = self.bundle.text
         codes = self.bundle.bpe_codes if self.input_format == "raw" else None
-        return TextProcessor(text, text.target_lang, codes, self.bundle.sentencepiece)
+        return TextProcessor(text, text.target_lang, codes, self.bundle.pieces("target"))
 
     def source_ids(self, line: str, number: int) -> list[int]:
         """The source ids of a line (none for a blank one), at most the model's positions less EOS."""
         if not line.strip():
             return []
         tokens = self.source.encode(line) if self.input_format == "raw" else line.split()
+        if self.codes and not self.uncoded and tokens[0] not in self.codes:
+            examples = " or ".join(sorted(self.codes)[:2])
+            self.warn(f"warning: line {number}: this multilingual model expects a target-language code such as "
+                      f"{examples} at the start of each line (`nmt info -m` lists its {len(self.codes)}); "
+                      "translating without (warned once)")
+            self.uncoded = True
         return self._cut(self.src_vocab.encode(tokens), self.max_positions - 1, number, "tokens", "translating")
 
     def target_ids(self, line: str, number: int, what: str = "prefix") -> list[int]:

@@ -11,6 +11,7 @@ Everything is written to a temporary directory that is renamed into place at the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import time
@@ -25,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nmt_cli.bpe import learn_bpe
-from nmt_cli.config import PreprocessConfig
+from nmt_cli.config import PreprocessConfig, TextConfig
 from nmt_cli.data import ArrayWriter, token_dtype
 from nmt_cli.datadir import FORMAT_VERSION, DataDir
 from nmt_cli.errors import NmtError
@@ -84,7 +85,7 @@ def check_training_left(stats: dict[str, SplitStats], inputs: dict[str, tuple[Pa
 
 
 def tokenize_train(opts: PreprocessConfig, src_path: Path, tgt_path: Path, work: Path, stats: SplitStats,
-                   sentencepiece: bytes | None) -> tuple[Counter, Counter, list[LineRange]]:
+                   pieces: dict[str, bytes | None]) -> tuple[Counter, Counter, list[LineRange]]:
     """Stage 1: tokenized, filtered training pairs to `work/train.tok.*`; returns word counts and
     where each chunk of lines starts in the two files (so stage 4's workers read them directly)."""
     src_words: Counter = Counter()
@@ -93,7 +94,7 @@ def tokenize_train(opts: PreprocessConfig, src_path: Path, tgt_path: Path, work:
     src_tok, tgt_tok = (work / f"train.tok.{lang}" for lang in (opts.text.source_lang, opts.text.target_lang))
     tokenize = functools.partial(tokenize_chunk, max_len=opts.max_len, max_ratio=opts.max_len_ratio)
     with open(src_tok, "wb") as fs, open(tgt_tok, "wb") as ft, \
-            Workers(opts.workers, text=opts.text, sentencepiece=sentencepiece) as workers:
+            Workers(opts.workers, text=opts.text, **pieces) as workers:
         results = workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), TRAIN_CHUNK_LINES))
         for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
             stats.pairs_in += chunk.kept + chunk.dropped.total()
@@ -127,6 +128,36 @@ def binarize(items: Iterable[Any], encode: Callable[[Any], Packed], workers: Wor
     finally:
         for writer in writers.values():
             writer.close()
+
+
+def model_pipeline(checkpoint: Path, directory: Path, src: str, tgt: str) -> tuple[TextConfig, dict[str, Any]]:
+    """`nmt preprocess --from-model`: the checkpoint's text settings, and its BPE codes (or
+    SentencePiece models) and vocabularies written into `directory` as PreprocessConfig fields.
+    The languages are the files' suffixes; with Moses they must be the model's own."""
+    from nmt_cli.checkpoint import load_bundle  # torch: only when a model is read
+
+    bundle = load_bundle(checkpoint)
+    text = bundle.text
+    if (text.source_lang, text.target_lang) != (src, tgt):
+        if not text.sentencepiece:
+            raise NmtError(f"{checkpoint}: its Moses tokenizer is for {text.source_lang}-{text.target_lang}, not "
+                           f"{src}-{tgt}")
+        text = dataclasses.replace(text, source_lang=src, target_lang=tgt)
+    files: dict[str, Any] = {"bpe_merges": 0}
+    for key, name, content in (("bpe_codes", "bpe.codes", bundle.bpe_codes),
+                               ("sentencepiece_model", "spm.model", bundle.sentencepiece),
+                               ("target_sentencepiece_model", "spm.target.model", bundle.target_sentencepiece)):
+        files[key] = None
+        if content is not None:
+            files[key] = directory / name
+            files[key].write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+    for key, vocab in (("srcdict", bundle.src_vocab), ("tgtdict", bundle.tgt_vocab)):
+        spaced = next((t for t in vocab.tokens if not t or any(c.isspace() for c in t)), None)
+        if spaced is not None:
+            raise NmtError(f"{checkpoint}: its vocabulary holds {spaced!r}, which a vocabulary file cannot")
+        files[key] = directory / f"{key}.txt"
+        vocab.save(files[key])
+    return text, files
 
 
 def check_destdir(destdir: Path, force: bool, inputs: list[Path]) -> None:
@@ -196,7 +227,7 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
     stats = {name: SplitStats() for name in inputs}
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    pieces = sentencepiece_model(opts, inputs.get("train"))
+    pieces = sentencepiece_models(opts, inputs.get("train"))
     timings["learn_sentencepiece"] = time.perf_counter() - start
     word_counts, train_ranges = first_stage(opts, inputs, tmp, stats, timings, pieces)
 
@@ -205,7 +236,7 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
     timings["learn_bpe"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    segmenter = TextProcessor(opts.text, src, codes, pieces)  # joint BPE: one segmenter for both sides
+    segmenter = TextProcessor(opts.text, src, codes, pieces["sentencepiece"])  # joint BPE: one for both sides
     counts = word_counts
     if codes is not None and word_counts is not None:
         counts = count_subwords(opts, segmenter, word_counts)
@@ -215,7 +246,7 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
     dtype = token_dtype(max(len(src_vocab), len(tgt_vocab)))
     vocabs = (src_vocab.tokens[len(SPECIALS):], tgt_vocab.tokens[len(SPECIALS):])
     with Workers(opts.workers, text=opts.text, src_vocab=vocabs[0], tgt_vocab=vocabs[1], dtype=dtype,
-                 segmenter=segmenter, sentencepiece=pieces) as workers:
+                 segmenter=segmenter, **pieces) as workers:
         for name in inputs:
             binarize_split(name, opts, inputs, train_ranges, workers, tmp, dtype, stats)
             timings[f"binarize_{name}"] = stats[name].seconds
@@ -225,8 +256,9 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
 
     if codes is not None:
         (tmp / "bpe.codes").write_text(codes, encoding="utf-8")
-    if pieces is not None:
-        (tmp / "spm.model").write_bytes(pieces)
+    for key, name in SENTENCEPIECE_FILES.items():
+        if pieces[key] is not None:
+            (tmp / name).write_bytes(pieces[key])
     src_vocab.save(tmp / f"dict.{src}.txt")
     tgt_vocab.save(tmp / f"dict.{tgt}.txt")
     return {
@@ -236,7 +268,7 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
         "text": opts.text.to_dict(),
         "bpe_codes": "bpe.codes" if codes is not None else None,
         "bpe_merges": opts.bpe_merges if codes is not None and opts.bpe_codes is None else None,
-        "sentencepiece": "spm.model" if pieces is not None else None,
+        **{key: name if pieces[key] is not None else None for key, name in SENTENCEPIECE_FILES.items()},
         "joined_dictionary": src_vocab == tgt_vocab,
         "dictionaries": {src: f"dict.{src}.txt", tgt: f"dict.{tgt}.txt"},
         "vocab_sizes": {src: len(src_vocab), tgt: len(tgt_vocab)},
@@ -245,14 +277,14 @@ def _run_stages(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
         "splits": {name: s.to_dict(src, tgt) for name, s in stats.items()},
         "inputs": {name: [str(p) for p in paths] for name, paths in inputs.items()},
         "versions": {name: version(name) for name in (
-            ("sentencepiece",) if pieces is not None else ("sacremoses", "subword-nmt")) + ("numpy",)},
+            ("sentencepiece",) if opts.text.sentencepiece else ("sacremoses", "subword-nmt")) + ("numpy",)},
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
 
 
 def first_stage(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tmp: Path,
                 stats: dict[str, SplitStats], timings: dict[str, float],
-                pieces: bytes | None) -> tuple[tuple[Counter, Counter] | None, list[LineRange]]:
+                pieces: dict[str, bytes | None]) -> tuple[tuple[Counter, Counter] | None, list[LineRange]]:
     """Stage 1 when there is a training split: its word counts and where its tokenized lines are."""
     if "train" not in inputs:
         return None, []
@@ -263,19 +295,29 @@ def first_stage(opts: PreprocessConfig, inputs: dict[str, tuple[Path, Path]], tm
     return (src_words, tgt_words), train_ranges
 
 
-def sentencepiece_model(opts: PreprocessConfig, train: tuple[Path, Path] | None) -> bytes | None:
-    """Stage 0 with --subword sentencepiece: the given model (checked), or one learned from the raw
-    training lines of both sides; None for BPE."""
+# The SentencePiece models of a data directory: Workers' keyword and file name.
+SENTENCEPIECE_FILES = {"sentencepiece": "spm.model", "target_sentencepiece": "spm.target.model"}
+
+
+def sentencepiece_models(opts: PreprocessConfig, train: tuple[Path, Path] | None) -> dict[str, bytes | None]:
+    """Stage 0 with --subword sentencepiece: the given model (checked, and the target side's own
+    if given), or one learned from the raw training lines of both sides; None for BPE."""
+    models: dict[str, bytes | None] = dict.fromkeys(SENTENCEPIECE_FILES)
     if not opts.text.sentencepiece:
-        return None
+        return models
     if opts.sentencepiece_model is not None:
-        model = Path(opts.sentencepiece_model).read_bytes()
-        load_sentencepiece(model, str(opts.sentencepiece_model))
-        return model
+        for key, path in (("sentencepiece", opts.sentencepiece_model),
+                          ("target_sentencepiece", opts.target_sentencepiece_model)):
+            if path is not None:
+                models[key] = Path(path).read_bytes()  # with a given vocabulary, its special ids need not be ours
+                load_sentencepiece(models[key], str(path), specials=opts.srcdict is None)
+        return models
     assert train is not None and opts.vocab_size is not None  # check_options
     lines = (line.lower() if opts.text.lowercase else line
              for pair in read_pairs(*train) for line in pair if line.strip() and "\x00" not in line)
-    return learn_sentencepiece(lines, opts.vocab_size, opts.sentencepiece_type, f"{train[0]} and {train[1]}")
+    models["sentencepiece"] = learn_sentencepiece(lines, opts.vocab_size, opts.sentencepiece_type,
+                                                  f"{train[0]} and {train[1]}")
+    return models
 
 
 def bpe_codes(opts: PreprocessConfig, word_counts: tuple[Counter, Counter] | None) -> str | None:

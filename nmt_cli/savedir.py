@@ -22,6 +22,7 @@ from nmt_cli import checkpoint as ckpt
 from nmt_cli.errors import NmtError
 from nmt_cli.files import replacing
 from nmt_cli.model import Transformer
+from nmt_cli.release import Released
 from nmt_cli.trainer import Runtime
 from nmt_cli.vocab import Vocabulary
 
@@ -100,8 +101,9 @@ class SaveDir:
         model.load_state_dict(state["model"])
         return state
 
-    def initialize(self, model: Transformer, path: Path) -> None:
-        """--init-from: the weights of `path` (same vocabularies, same shapes), nothing else."""
+    def initialize(self, model: Transformer, path: Path) -> Released:
+        """--init-from: the weights of `path` (same vocabularies, same shapes), nothing else but
+        what it keeps of its release (search settings; `nmt import`), which is returned."""
         state = ckpt.load(path)
         self._check_vocabularies(state, path, "--init-from needs the same vocabulary")
         try:
@@ -109,6 +111,7 @@ class SaveDir:
         except RuntimeError as e:
             detail = str(e).splitlines()[1].strip() if "\n" in str(e) else str(e)
             raise NmtError(f"{path}: --init-from weights do not fit this architecture ({detail})") from None
+        return Released.from_dict(state.get("released"))
 
     def _check_vocabularies(self, state: dict[str, Any], path: Path, advice: str) -> None:
         for side, key, vocab in zip(("source", "target"), ("src_vocab", "tgt_vocab"), self.vocabularies):

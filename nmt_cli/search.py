@@ -5,16 +5,21 @@ Batched: the encoder runs once per batch, and a sentence's beams share its encod
 (they are never copied per beam); sentences leave the batch when the host reads that they are
 done (after every step on the CPU, every few steps on a GPU: `Finished` keeps the bookkeeping on
 the device). A hypothesis's score is its log-probability divided by the GNMT length penalty
-lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting the EOS.
+lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting the EOS (or, with `lenpen_form` "length", by |Y|^alpha,
+as Marian, transformers and CTranslate2 do).
 
 A sentence is done when (a) `beam` hypotheses have finished (an EOS among the top `beam`
 candidates of a step), or (b) `nbest` have finished and no live hypothesis can still beat the
 nbest-th (its log-probability can only fall, and lp is largest at the maximum length), or (c)
-the maximum length is reached. With beam 1 this is greedy decoding.
+the maximum length is reached. With `stopping` "heuristic" (transformers' default beam search,
+with which released models are run), (a) becomes: `beam` hypotheses have finished and the best
+live one, scored at its present length, does not beat the worst of them; the sentence then keeps
+its `beam` best finished hypotheses. With beam 1 this is greedy decoding.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -39,9 +44,9 @@ class Hypothesis:
     log_prob: float
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT length penalty ((5 + |Y|) / 6)^alpha (Wu et al., 2016)."""
-    return ((5 + length) / 6) ** alpha
+def length_penalty(length: int | Tensor, alpha: float, form: str = "gnmt") -> float | Tensor:
+    """GNMT length penalty ((5 + |Y|) / 6)^alpha (Wu et al., 2016), or with `form` "length" |Y|^alpha."""
+    return (length if form == "length" else (5 + length) / 6) ** alpha
 
 
 def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -> Tensor:
@@ -153,11 +158,17 @@ def banned_tokens(models: Ensemble, config: SearchConfig, device: torch.device) 
     return torch.tensor([PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID]) + models.never, device=device)
 
 
+def heuristic(config: SearchConfig) -> bool:
+    """Whether a sentence goes on after `beam` hypotheses finished (`stopping`; greedy never does)."""
+    return config.stopping == "heuristic" and config.beam > 1
+
+
 class Finished:
     """The hypotheses each sentence of a search has finished, kept on the search's device so that
     a step reads nothing back to the host. A sentence has 2 * beam slots: it stops collecting
-    once it holds `beam`, and one step adds at most `beam`. One more slot takes the writes of the
-    candidates that did not finish. Scores are float64, as the host's floats were, so that the
+    once it holds `beam` (with the heuristic stopping, it keeps its `beam` best after each step),
+    and one step adds at most `beam`. One more slot takes the writes of the candidates that did
+    not finish. Scores are float64, as the host's floats were, so that the
     stopping test and the final order are those of a search kept on the host."""
 
     def __init__(self, batch: int, beam: int, max_len: int, device: torch.device) -> None:
@@ -180,12 +191,29 @@ class Finished:
         self.tokens[:, :, : tokens.size(2)].index_put_(where, tokens)
         self.count.index_add_(0, sentences, is_new.sum(1))
 
-    def done(self, sentences: Tensor, best_live: Tensor, bound: Tensor, config: SearchConfig) -> Tensor:
+    def keep_best(self, beam: int) -> None:
+        """Keep each sentence's `beam` best finished hypotheses (the earlier on equal scores), in
+        its first slots: the rest are free for the next step's."""
+        order = self.score[:, : self.spare].argsort(dim=1, descending=True, stable=True)
+        kept, freed = order[:, :beam], order[:, beam:]
+        for x in (self.score, self.log_prob, self.length):
+            x[:, : self.spare] = torch.cat([x.gather(1, kept), x.gather(1, freed)], dim=1)
+        index = torch.cat([kept, freed], dim=1).unsqueeze(2).expand(-1, -1, self.tokens.size(2))
+        self.tokens[:, : self.spare] = self.tokens.gather(1, index)
+        self.score[:, beam : self.spare] = -math.inf
+        self.count.clamp_(max=beam)
+
+    def done(self, sentences: Tensor, best_live: Tensor, bound: Tensor, present: float, config: SearchConfig) -> Tensor:
         """Whether each of `sentences` is done by (a) or (b) of the module docstring, given its
-        best live log-probability and the length penalty of its longest output (`bound`)."""
-        count = self.count[sentences]
+        best live log-probability, the length penalty of its longest output (`bound`) and that of
+        the live hypotheses' present length (`present`, for the heuristic (a))."""
+        count, best_live = self.count[sentences], best_live.double()
         nth_best = self.score[sentences, : self.spare].topk(config.nbest, dim=1).values[:, -1]
-        return (count >= config.beam) | ((count >= config.nbest) & (best_live.double() / bound <= nth_best))
+        full = count >= config.beam
+        if heuristic(config):
+            worst = self.score[sentences, : config.beam].min(dim=1).values
+            full &= best_live / present <= worst
+        return full | ((count >= config.nbest) & (best_live / bound <= nth_best))
 
     def hypotheses(self, nbest: int) -> list[list[Hypothesis]]:
         """Each sentence's `nbest` best hypotheses, best first (the earlier on equal scores): one
@@ -266,7 +294,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
     scores[:, 1:] = -math.inf  # identical beams: expand the first only
     # A live hypothesis can beat a finished score only if its log-probability over the penalty of
     # its sentence's longest output does.
-    bound = torch.tensor([length_penalty(n + 1, config.lenpen) for n in limit], dtype=torch.float64, device=device)
+    penalty = functools.partial(length_penalty, alpha=config.lenpen, form=config.lenpen_form)
+    bound = torch.tensor([penalty(n + 1) for n in limit], dtype=torch.float64, device=device)
     beams = Beams(scores, torch.full((batch * width, 1), BOS_ID, device=device), torch.arange(batch, device=device),
                   limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
     states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
@@ -281,14 +310,16 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
         # Finished: EOS among the top `beam` candidates, of a sentence not done before.
         is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)
         ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row[:, :beam], 1:]
-        finished.add(beams.sentences, is_new, top_scores[:, :beam], ended, length_penalty(step + 1, config.lenpen))
+        finished.add(beams.sentences, is_new, top_scores[:, :beam], ended, penalty(step + 1))
+        if heuristic(config):
+            finished.keep_best(beam)
         # The `beam` best continuations that are not EOS.
         live = top_scores.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
         beams.scores = live.values
         origin = (torch.arange(n, device=device).unsqueeze(1) * width + top_row.gather(1, live.indices)).view(-1)
         beams.history = torch.cat([beams.history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
         beams.done |= (beams.limits <= step) | finished.done(beams.sentences, beams.scores.max(dim=1).values,
-                                                             beams.bound, config)
+                                                             beams.bound, penalty(step + 1), config)
         index = None
         if (step + 1) % read_every == 0:
             keep = [r for r, is_done in enumerate(beams.done.tolist()) if not is_done]
@@ -339,7 +370,8 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
         if (step + 1) % read_every == 0 and bool(done.all()):
             break
     history = history.cpu()  # one read for all samples, not one per sample
-    samples = [Hypothesis(history[row, 1:size].tolist(), lp / length_penalty(size, config.lenpen), lp)
+    penalty = functools.partial(length_penalty, alpha=config.lenpen, form=config.lenpen_form)
+    samples = [Hypothesis(history[row, 1:size].tolist(), lp / penalty(size), lp)
                for row, (size, lp) in enumerate(zip(length.tolist(), log_prob.tolist()))]
     return [sorted(samples[i * n:(i + 1) * n], key=lambda h: -h.score) for i in range(batch)]
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
@@ -31,7 +31,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
 from nmt_cli.records import translations_record
 from nmt_cli.search import SearchInterrupted
-from nmt_cli.translator import Translator
+from nmt_cli.translator import Translator, model_search
 
 OPTIONS = ("beam", "nbest", "lenpen", "max_len_a", "max_len_b")
 
@@ -49,9 +49,10 @@ class Job:
     done: Future = field(default_factory=Future)
 
 
-def parse(body: Any, config: ServeConfig) -> tuple[SearchConfig, list[str]]:
-    """The search options and sentences of a /translate body; BadRequest names what is wrong,
-    and what exceeds a limit of the server (its --max-* options) names the limit."""
+def parse(body: Any, config: ServeConfig, defaults: SearchConfig = SearchConfig()) -> tuple[SearchConfig, list[str]]:
+    """The search options and sentences of a /translate body (the others: `defaults`, the model's,
+    their length within the server's --max-output-tokens); BadRequest names what is wrong, and what
+    exceeds a limit of the server (its --max-* options) names the limit."""
     if not isinstance(body, dict) or not isinstance(body.get("text"), list):
         raise BadRequest(400, 'the body must be a JSON object with "text": a list of sentences')
     unknown = sorted(set(body) - {"text", *OPTIONS})
@@ -73,7 +74,8 @@ def parse(body: Any, config: ServeConfig) -> tuple[SearchConfig, list[str]]:
         if isinstance(value, bool) or not isinstance(value, wanted):
             raise BadRequest(400, f"{key}: {json.dumps(value)} is not {kind}")
     try:
-        search = SearchConfig(**options, max_len=config.max_output_tokens)
+        base = {**asdict(defaults), "max_len_b": min(defaults.max_len_b, config.max_output_tokens)}
+        search = SearchConfig(**{**base, **options, "max_len": config.max_output_tokens})
     except ValueError as e:
         raise BadRequest(400, str(e)) from None
     check_cost(search, len(lines), config)
@@ -187,7 +189,7 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher) ->
     @app.post("/translate")
     async def translate(request: Request) -> Any:
         try:
-            search, lines = parse(read_json(await request.body()), config)
+            search, lines = parse(read_json(await request.body()), config, translator.config.search)
             if batcher.deadline is not None:
                 raise ShuttingDown
             records = await asyncio.wrap_future(batcher.submit(search, lines))
@@ -250,7 +252,8 @@ def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
     except ImportError:
         raise NmtError("nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'") from None
     check_address(config.host, config.port)
-    translator = Translator(bundles, TranslateConfig(max_tokens=config.max_tokens), device, dtype)
+    translator = Translator(bundles, TranslateConfig(max_tokens=config.max_tokens,
+                                                     search=model_search(bundles[0], {})), device, dtype)
     batcher = Batcher(translator, config)
 
     class Server(uvicorn.Server):

@@ -30,7 +30,7 @@ class TextProcessor:
         self.config, self.lang = config, lang
         if config.sentencepiece and sentencepiece is None:
             raise ValueError("TextConfig(subword='sentencepiece') needs its SentencePiece model")
-        self.pieces = load_sentencepiece(sentencepiece) if config.sentencepiece else None
+        self.pieces = load_sentencepiece(sentencepiece, specials=False) if config.sentencepiece else None
         self.normalizer = self.tokenizer = self.detokenizer = None
         if config.tokenizer == "moses" and not config.sentencepiece:
             from nmt_cli import moses  # sacremoses takes tenths of a second to import: only when used
@@ -47,7 +47,8 @@ class TextProcessor:
         """Raw line -> words: punctuation normalization, Moses tokenization, lowercasing; the
         protected words (tags, --protect) pass whole. With SentencePiece: the line's pieces."""
         if self.pieces is not None:
-            return self.pieces.encode(line.lower() if self.config.lowercase else line, out_type=str)
+            code, line = split_language_code(line) if self.config.language_codes else ([], line)
+            return code + self.pieces.encode(line.lower() if self.config.lowercase else line, out_type=str)
         if self.normalizer is not None:
             line = self.normalizer.normalize(line)
         if self.tokenizer is not None:
@@ -96,6 +97,13 @@ class TextProcessor:
             return self.pieces.decode_pieces(tokens)
         words = self.join_subwords(tokens)
         return self.detokenizer.detokenize(words) if self.detokenizer is not None else " ".join(words)
+
+
+def split_language_code(line: str) -> tuple[list[str], str]:
+    """A leading >>code<< (a multilingual Marian model's target language) and the rest of the line,
+    as MarianTokenizer splits them."""
+    end = line.find("<<") if line.startswith(">>") else -1
+    return ([line[: end + 2]], line[end + 2:]) if end != -1 else ([], line)
 
 
 def check_codes(codes: str, source: str = "BPE codes") -> str:

@@ -36,6 +36,7 @@ from nmt_cli.kernels import steps_between_reads
 from nmt_cli.model import Transformer
 from nmt_cli.pipeline import TextPipeline
 from nmt_cli.progress import Progress, Stop
+from nmt_cli.release import Released
 from nmt_cli.runlog import RunLog
 from nmt_cli.savedir import SaveDir, set_rng_state
 from nmt_cli.trainer import Runtime, SkipGuard, Trainer, set_up_runtime
@@ -144,6 +145,23 @@ def bucketing(run: TrainingRun) -> str:
             f"{padding:.1%} padding")
 
 
+# What fine-tuning (--init-from) may set anew: regularization, nothing that shapes the weights or
+# what they compute.
+FINE_TUNING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing")
+
+
+def fine_tuning_config(path: Path, given: dict[str, Any]) -> ModelConfig:
+    """--init-from: the checkpoint's architecture with the `given` model flags, which may only be
+    FINE_TUNING_FIELDS; another (or --arch) is refused, naming it."""
+    for name in given:
+        if name not in FINE_TUNING_FIELDS:
+            flags = ", ".join("--" + f.replace("_", "-") for f in FINE_TUNING_FIELDS)
+            raise NmtError(f"--{name.replace('_', '-')}: --init-from takes the model's architecture from {path}; "
+                           f"only {flags} may be set anew")
+    config = ModelConfig.from_dict(ckpt.load(path)["model_config"])
+    return config.replace(**given)
+
+
 class TrainingRun:
     """Data, model, trainer and save directory of one `nmt train` invocation."""
 
@@ -166,11 +184,13 @@ class TrainingRun:
         model = Transformer(model_config, len(src_vocab), len(tgt_vocab), PAD_ID, data.joined_dictionary)
         self.model = model.to(self.runtime.device)
         self.bundle = ckpt.ModelBundle(self.model, data.text, data.bpe_codes(), src_vocab, tgt_vocab,
-                                       data.sentencepiece())
+                                       data.sentencepiece(), data.target_sentencepiece())
         self.checkpoints = SaveDir(self.save_dir, self.runtime, config.keep_last, (src_vocab, tgt_vocab))
         state = None if reset else self.checkpoints.resume(self.model)
         if state is None and init_from is not None:
-            self.checkpoints.initialize(self.model, init_from)
+            self.bundle.released = self.checkpoints.initialize(self.model, init_from)
+        elif state is not None:
+            self.bundle.released = Released.from_dict(state.get("released"))  # a fine-tuned model's release
         self.trainer = Trainer(self.model, config, self.runtime)
         self.progress = Progress()
         if state is not None:

@@ -10,8 +10,10 @@ naming the line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import IO
 
@@ -22,7 +24,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.files import remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks
 from nmt_cli.records import attention_record, score_record, translations_record
-from nmt_cli.translator import CHUNK_LINES, Translator
+from nmt_cli.translator import CHUNK_LINES, Translator, model_search
 
 
 def translate_lines(translator: Translator, lines: list[str], first_number: int = 1) -> list[str]:
@@ -87,12 +89,19 @@ def translate_stream(translator: Translator, source: IO[bytes], source_name: str
 
 
 def translate_file(checkpoints: list[Path], input_path: Path | None, output_path: Path | None,
-                   config: TranslateConfig) -> int:
-    """The `nmt translate` command: files or stdin/stdout; the output file appears only when complete."""
+                   config: TranslateConfig, given: Collection[str] = ()) -> int:
+    """The `nmt translate` command: files or stdin/stdout; the output file appears only when
+    complete. Search options not `given` are the model's own (`translator.model_search`)."""
     if output_path is not None and not output_path.parent.is_dir():
         raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
+    bundles = [load_bundle(path) for path in checkpoints]
+    try:
+        search = model_search(bundles[0], {name: getattr(config.search, name) for name in given})
+        config = dataclasses.replace(config, search=search)
+    except ValueError as e:
+        raise NmtError(f"{checkpoints[0]}: its search settings with these options: {e}") from None
     device, dtype = select_device(config.device, config.precision, config.threads)
-    translator = Translator([load_bundle(path) for path in checkpoints], config, device, dtype)
+    translator = Translator(bundles, config, device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"
     try:

@@ -35,6 +35,12 @@ LOAD_OPTIONS = ("device", "precision", "threads", "quantize", "cuda_graphs", "ma
                 "input_format", "output_format")
 
 
+def model_search(bundle: ModelBundle, given: dict[str, Any]) -> SearchConfig:
+    """The search options `given`, the others those the model is run with: an imported model's
+    release settings (`nmt import`), else nmt-cli's defaults."""
+    return SearchConfig(**{**bundle.released.search, **given})
+
+
 class Translator:
     """A model (or an ensemble: their probabilities averaged at each step) with its text
     pipeline. `config` holds the defaults of every call; `warn` takes the warnings (stderr)."""
@@ -48,7 +54,7 @@ class Translator:
         self.config, self.device, self.bundle = config, device, first
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
         self.generator = Generator([b.model for b in bundles], device, dtype, max_tokens=config.max_tokens,
-                                   batch_size=config.batch_size, never=first.tgt_vocab.fillers,
+                                   batch_size=config.batch_size, never=first.never,
                                    graphs=config.cuda_graphs, quantize=config.quantize, seed=config.search.seed,
                                    warn=self.warn)
         self.pipeline = TextPipeline(first, self.generator.models.max_positions, config.input_format,
@@ -59,21 +65,23 @@ class Translator:
         """The model of a checkpoint or `nmt export` safetensors file (several: an ensemble).
         `options`: device ("auto": CUDA when there is one), precision, threads, quantize ("int8"),
         cuda_graphs, max_tokens, batch_size, input_format, output_format, and any search option
-        (beam, lenpen, ...: the defaults of every call)."""
+        (beam, lenpen, ...: the defaults of every call; those not given are the model's own: an
+        imported model's release settings, else nmt-cli's)."""
         if not paths:
             raise TypeError("Translator.load() needs the path of at least one checkpoint")
         unknown = sorted(set(options) - set(LOAD_OPTIONS) - {f.name for f in dataclasses.fields(SearchConfig)})
         if unknown:
             raise TypeError(f"Translator.load() got an unexpected option {unknown[0]!r}")
         search = {key: value for key, value in options.items() if key not in LOAD_OPTIONS}
+        bundles = [load_bundle(Path(path)) for path in paths]
         try:
-            config = TranslateConfig(search=SearchConfig(**search), **{k: options[k] for k in LOAD_OPTIONS
-                                                                       if k in options})
+            config = TranslateConfig(search=model_search(bundles[0], search), **{k: options[k] for k in LOAD_OPTIONS
+                                                                                 if k in options})
             check_applies(config.search, search, name=lambda f: f.name)
         except ValueError as e:
             raise NmtError(str(e)) from None
         device, dtype = select(config.device, config.precision, config.threads)
-        return cls([load_bundle(Path(path)) for path in paths], config, device, dtype, warn)
+        return cls(bundles, config, device, dtype, warn)
 
     def search_config(self, **search: Any) -> SearchConfig:
         """The configured search options with `search` given for one call (checked as flags are)."""
@@ -112,8 +120,8 @@ class Translator:
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         source_ids = [self.pipeline.source_ids(line, first_number + k) for k, line in enumerate(sources)]
         target_ids = [self.pipeline.target_ids(line, first_number + k, "reference") for k, line in enumerate(targets)]
-        lenpen = self.config.search.lenpen
-        return [Scored(sum(scores), sum(scores) / length_penalty(len(scores), lenpen),
+        search = self.config.search
+        return [Scored(sum(scores), sum(scores) / length_penalty(len(scores), search.lenpen, search.lenpen_form),
                        self.pipeline.tokens(ids) + ["</s>"], scores)
                 for ids, scores in zip(target_ids, self.generator.score(source_ids, target_ids))]
 

@@ -34,14 +34,16 @@ WARM_UP_LINE = 'A "warm-up" line: 1,000 words (and more) - it\'s here.'
 
 def init_worker(text: TextConfig, src_vocab: list[str] | None = None, tgt_vocab: list[str] | None = None,
                 dtype: np.dtype | None = None, segmenter: TextProcessor | None = None,
-                word_counts: tuple[Counter, Counter] | None = None, sentencepiece: bytes | None = None) -> None:
+                word_counts: tuple[Counter, Counter] | None = None, sentencepiece: bytes | None = None,
+                target_sentencepiece: bytes | None = None) -> None:
     """The state of a stage's workers, built in the parent and inherited by the forked workers.
     `segmenter`: the processor holding the BPE codes (and, in stage 4, every training word
     segmented already), whose BPE the workers share instead of each parsing the codes again;
-    `sentencepiece`: the SentencePiece model, with which the workers' "words" are pieces."""
+    `sentencepiece`: the SentencePiece model, with which the workers' "words" are pieces
+    (`target_sentencepiece`: the target side's own, if it has one)."""
     _worker.update(dtype=dtype, word_counts=word_counts)
     _worker["src"] = TextProcessor(text, text.source_lang, sentencepiece=sentencepiece)
-    _worker["tgt"] = TextProcessor(text, text.target_lang, sentencepiece=sentencepiece)
+    _worker["tgt"] = TextProcessor(text, text.target_lang, sentencepiece=target_sentencepiece or sentencepiece)
     if segmenter is not None:
         _worker["src"].bpe = _worker["tgt"].bpe = segmenter.bpe
     _worker["src_ids"] = WordIds(_worker["src"], Vocabulary(src_vocab)) if src_vocab is not None else None

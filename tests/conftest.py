@@ -9,6 +9,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("NMT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 MULTI30K = SHARED_DATA / "multi30k"
+EN_MG = SHARED_DATA / "opus-mt-en-mg"  # a released OPUS-MT model's configuration and tokenizer files
+SMALL_MARIAN = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "num_hidden_layers": 2,
+                "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4}
 
 
 @pytest.fixture
@@ -182,3 +186,81 @@ def replayed(step, device=None):
         return value(result)
 
     return replay
+
+
+def cli(*args, input=None):
+    """`nmt ARGS` in this process, as click's test runner runs it."""
+    from click.testing import CliRunner
+
+    from nmt_cli.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+@pytest.fixture(scope="session", params=["shared", "separate"])
+def exported(request, tmp_path_factory):
+    """A tiny SentencePiece model trained for seconds to copy letters (shared vocabulary) or copy
+    them in capitals (separate vocabularies), exported; with the raw valid sources."""
+    from nmt_cli import checkpoint as ckpt
+    from nmt_cli.architecture import PRESETS
+    from nmt_cli.config import TrainConfig
+    from nmt_cli.train import TrainingRun
+
+    shared = request.param == "shared"
+    tmp = tmp_path_factory.mktemp(request.param)
+    (tmp / "raw").mkdir()
+    for split, n, seed in (("train", 400, 0), ("valid", 40, 1000)):
+        pairs = synthetic_pairs(n, seed, "copy" if shared else "upper")
+        write_lines(tmp / f"raw/{split}.src", [s for s, _ in pairs])
+        write_lines(tmp / f"raw/{split}.tgt", [t for _, t in pairs])
+    result = cli("preprocess", "-s", "src", "-t", "tgt", "--trainpref", tmp / "raw/train", "--validpref",
+                 tmp / "raw/valid", "--destdir", tmp / "data", "--subword", "sentencepiece", "--vocab-size", 40,
+                 *([] if shared else ["--separate-dictionaries"]), "--quiet", "--workers", 1)
+    assert result.exit_code == 0, result.output
+    model = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
+                                     max_positions=64)
+    config = TrainConfig(max_tokens=400, lr_schedule="inverse-sqrt", lr=3e-3, warmup=30, max_updates=400,
+                         device="cpu", threads=1, save_interval_minutes=1000.0, eval_bleu=not shared,
+                         validate_interval_updates=200)
+    TrainingRun(tmp / "data", tmp / "ck", model, config, progress_bar=False).run()
+    result = cli("export", "-m", tmp / "ck/checkpoint_last.pt", "--format", "transformers", "-o", tmp / "hf")
+    assert result.exit_code == 0, result.output
+    bundle = ckpt.load_bundle(tmp / "ck/checkpoint_last.pt")
+    assert (bundle.src_vocab is bundle.tgt_vocab) == shared
+    sources = (tmp / "raw/valid.src").read_text().splitlines()
+    return tmp, bundle, sources
+
+
+def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, **changes):
+    """A released en-mg model directory as the Hub has it (config.json with the generation settings
+    in it, no generation_config.json), smaller, with random weights (`changes`: to config.json;
+    `eos`: the id of </s>, 0 in en-mg, 44670 in tc-big releases); and that MarianMTModel."""
+    import json
+    import shutil
+
+    import torch
+    import transformers
+
+    if not (EN_MG / "config.json").is_file():
+        pytest.skip(f"opus-mt-en-mg not found at {EN_MG} (set NMT_SHARED_DATA)")
+    config = {**json.loads((EN_MG / "config.json").read_text()), **SMALL_MARIAN, **changes}
+    if eos:
+        config.update(eos_token_id=eos, forced_eos_token_id=eos)
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(transformers.MarianConfig.from_dict(config)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:  # layer norms too: none is 1 or 0, so a misplaced one shows
+                p.normal_(1.0 if name.endswith("layer_norm.weight") else 0.0, 0.15 if p.dim() > 1 else 0.1)
+        model.final_logits_bias.normal_(0, 1.0)
+    model.save_pretrained(directory)
+    (directory / "generation_config.json").unlink()
+    (directory / "config.json").write_text(json.dumps(config))
+    for name in ("source.spm", "target.spm", "tokenizer_config.json"):
+        shutil.copy(EN_MG / name, directory / name)
+    vocab = json.loads((EN_MG / "vocab.json").read_text())
+    if eos:  # </s> and the token at `eos` change places
+        other = next(token for token, i in vocab.items() if i == eos)
+        vocab[other], vocab["</s>"] = vocab["</s>"], eos
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    return model

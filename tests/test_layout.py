@@ -14,8 +14,9 @@ LAYERS = (
     ("the paper's model", {"model"}),
     ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "search"}),
     ("models in use", {"checkpoint", "generator", "pipeline", "records", "trainer", "progress", "runlog", "savedir",
-                       "workers", "score", "plot"}),
-    ("the commands and the API", {"translator", "translate", "train", "preprocess", "export", "marian", "serve"}),
+                       "workers", "score", "plot", "release", "release_transformers", "release_marian"}),
+    ("the commands and the API", {"translator", "translate", "train", "preprocess", "export", "marian", "serve",
+                                  "importer"}),
     ("the command line and the package", {"flags", "cli", "__main__", "__init__"}),
 )
 

@@ -8,16 +8,13 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import block_import, synthetic_pairs, tiny_checkpoint, tiny_sentencepiece_checkpoint, write_lines
+from conftest import block_import, tiny_checkpoint, tiny_sentencepiece_checkpoint
 
-from nmt_cli import checkpoint as ckpt
-from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
-from nmt_cli.config import TrainConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.marian import check_marian, sines_then_cosines
+from nmt_cli.marian import check_marian
 from nmt_cli.pipeline import TextPipeline
-from nmt_cli.train import TrainingRun
+from nmt_cli.release import sines_then_cosines
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 transformers = pytest.importorskip("transformers")
@@ -25,35 +22,6 @@ transformers = pytest.importorskip("transformers")
 
 def run(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input)
-
-
-@pytest.fixture(scope="module", params=["shared", "separate"])
-def exported(request, tmp_path_factory):
-    """A tiny SentencePiece model trained for seconds to copy letters (shared vocabulary) or copy
-    them in capitals (separate vocabularies), exported; with the raw valid sources."""
-    shared = request.param == "shared"
-    tmp = tmp_path_factory.mktemp(request.param)
-    (tmp / "raw").mkdir()
-    for split, n, seed in (("train", 400, 0), ("valid", 40, 1000)):
-        pairs = synthetic_pairs(n, seed, "copy" if shared else "upper")
-        write_lines(tmp / f"raw/{split}.src", [s for s, _ in pairs])
-        write_lines(tmp / f"raw/{split}.tgt", [t for _, t in pairs])
-    result = run("preprocess", "-s", "src", "-t", "tgt", "--trainpref", tmp / "raw/train", "--validpref",
-                 tmp / "raw/valid", "--destdir", tmp / "data", "--subword", "sentencepiece", "--vocab-size", 40,
-                 *([] if shared else ["--separate-dictionaries"]), "--quiet", "--workers", 1)
-    assert result.exit_code == 0, result.output
-    model = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
-                                     max_positions=64)
-    config = TrainConfig(max_tokens=400, lr_schedule="inverse-sqrt", lr=3e-3, warmup=30, max_updates=400,
-                         device="cpu", threads=1, save_interval_minutes=1000.0, eval_bleu=not shared,
-                         validate_interval_updates=200)
-    TrainingRun(tmp / "data", tmp / "ck", model, config, progress_bar=False).run()
-    result = run("export", "-m", tmp / "ck/checkpoint_last.pt", "--format", "transformers", "-o", tmp / "hf")
-    assert result.exit_code == 0, result.output
-    bundle = ckpt.load_bundle(tmp / "ck/checkpoint_last.pt")
-    assert (bundle.src_vocab is bundle.tgt_vocab) == shared
-    sources = (tmp / "raw/valid.src").read_text().splitlines()
-    return tmp, bundle, sources
 
 
 def loaded(tmp):
@@ -124,6 +92,17 @@ def test_beam_search_with_the_same_length_penalty_mostly_agrees(exported):
     assert sum(a == b for a, b in zip(ours, theirs)) >= 0.95 * len(sources)
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("stopping", ["early", "heuristic"])
+def test_beam_search_with_transformers_rules_gives_generates_lines(exported, alpha, stopping):
+    """With transformers' length penalty (|Y|^alpha) and its stopping rule (early_stopping True:
+    ours, fairseq's; False: its heuristic), our beam search gives generate()'s output on every line."""
+    tmp, bundle, sources = exported
+    ours = translated(tmp, sources, "--beam", 4, "--lenpen", alpha, "--lenpen-form", "length", "--stopping", stopping)
+    theirs, _ = generated(tmp, sources, num_beams=4, length_penalty=alpha, early_stopping=stopping == "early")
+    assert ours == theirs
+
+
 def test_generation_defaults_are_ours(exported):
     tmp, bundle, _ = exported
     _, model = loaded(tmp)
@@ -166,7 +145,7 @@ def test_our_sinusoid_permuted_is_marians():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"norm": "pre"}, "MarianMTModel cannot hold a pre-norm model (Marian's layers are post-norm)"),
+    ({"norm": "pre"}, "MarianMTModel cannot hold a pre-norm model (MarianMTModel's layers are post-norm)"),
     ({"positions": "learned"}, "MarianMTModel cannot hold learned positions (Marian's are sinusoidal)"),
     ({"d_k": 8, "d_v": 8}, "MarianMTModel cannot hold d_k 8 and d_v 8 (Marian's heads are d_model / heads = 16"),
     ({"d_model": 33, "heads": 3}, "MarianMTModel cannot hold an odd d_model"),

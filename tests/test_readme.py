@@ -38,3 +38,32 @@ def test_the_python_api_examples_run(tmp_path, monkeypatch, capsys):
     exec(compile(example, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 1 + 3 + 2 + 1 + 6  # translations, 3-best, prefix, sample, score, the file's 6 lines
+
+
+def test_start_from_a_released_model_runs_as_written(tmp_path, monkeypatch):
+    """The README's "Start from a released model" commands, in a shell, on a random-weight release
+    of OPUS-MT's layout in place of the download, Multi30k slices as raw/, and 3 updates."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import MULTI30K, head, opus_mt_release, write_lines
+
+    text = ROOT.joinpath("README.md").read_text()
+    section = text.split("## Start from a released model", 1)[1].split("\n## ", 1)[0]
+    (commands,) = re.findall(r"```bash\n(.+?)\n```", section, re.S)
+    download, *rest = commands.replace("\\\n", "").splitlines()
+    assert download.startswith("huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de")
+    opus_mt_release(tmp_path / "opus-mt-en-de")
+    (tmp_path / "raw").mkdir()
+    for split, start in (("train", 0), ("val", 1000)):
+        for lang in ("en", "de"):
+            write_lines(tmp_path / f"raw/{split}.{lang}", head(MULTI30K / f"train.{lang}", start + 60)[start:])
+    script = "set -euo pipefail\n" + "\n".join(rest).replace("--max-updates 2000", "--max-updates 3") + "\n"
+    script = script.replace("--from-model en-de.pt", "--from-model en-de.pt --max-len-ratio 4 --quiet")
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environment, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "my-ckpt/checkpoint_last.pt").is_file()
+    assert "en-mg" in done.stdout  # nmt info -m: the release's languages

@@ -37,6 +37,8 @@ def test_length_penalty_values():
     assert length_penalty(1, 0.6) == 1.0
     assert length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)
     assert length_penalty(10, 0.0) == 1.0
+    assert length_penalty(7, 0.6, "length") == pytest.approx(7 ** 0.6)
+    assert length_penalty(7, 1.0, "length") == 7
 
 
 def test_max_length_is_a_times_source_plus_b():
@@ -80,16 +82,17 @@ def sequence_log_prob(model, src, tokens):
     return sum(lprobs[t, y].item() for t, y in enumerate(tokens + [EOS_ID]))
 
 
+@pytest.mark.parametrize("form", ["gnmt", "length"])
 @pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
 @pytest.mark.parametrize("seed", [0, 3])
-def test_wide_beam_equals_exhaustive_search(lenpen, seed):
+def test_wide_beam_equals_exhaustive_search(lenpen, seed, form):
     vocab, limit = 7, 3  # symbols 4, 5, 6 (and EOS); outputs of up to 3 symbols
     model = random_model(vocab, seed, scale=3.0)
     src = sources([[4, 5, 6, 5]], vocab)
-    config = SearchConfig(beam=200, lenpen=lenpen, max_len_a=0, max_len_b=limit, nbest=3)
+    config = SearchConfig(beam=200, lenpen=lenpen, lenpen_form=form, max_len_a=0, max_len_b=limit, nbest=3)
     found = beam_search(Ensemble([model]), src, config)[0]
     every = [list(seq) for n in range(limit + 1) for seq in itertools.product([4, 5, 6], repeat=n)]
-    scored = sorted(((sequence_log_prob(model, src, seq) / length_penalty(len(seq) + 1, lenpen), seq)
+    scored = sorted(((sequence_log_prob(model, src, seq) / length_penalty(len(seq) + 1, lenpen, form), seq)
                      for seq in every), key=lambda x: -x[0])
     assert [h.tokens for h in found] == [seq for _, seq in scored[:3]]
     for h, (score, _) in zip(found, scored):
@@ -106,7 +109,13 @@ def test_narrow_beam_scores_are_the_models_penalized_log_probabilities():
 
 def reference_beam_search(model, src, config):
     """The search written out plainly for one sentence: full forward passes, one hypothesis at
-    the start, every candidate scored. Same finishing rules (search module docstring)."""
+    the start, every candidate scored. Same finishing rules (search module docstring): with the
+    heuristic stopping, the `beam` best finished are kept, and the sentence goes on while the best
+    live hypothesis over the penalty of its present length beats the worst of them."""
+    def penalty(length):
+        return length_penalty(length, config.lenpen, config.lenpen_form)
+
+    heuristic = config.stopping == "heuristic" and config.beam > 1
     banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
     limit = int(max_lengths((src != PAD_ID).sum(1) - 1, config, TINY.max_positions)[0])
     live, finished = [(0.0, [])], []
@@ -119,24 +128,29 @@ def reference_beam_search(model, src, config):
                 lprobs[torch.arange(len(lprobs)) != EOS_ID] = -math.inf
             candidates += [(score + lp, tokens + [t]) for t, lp in enumerate(lprobs.tolist())]
         candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * config.beam]
-        finished += [(lp / length_penalty(step + 1, config.lenpen), lp, tokens[:-1])
+        finished += [(lp / penalty(step + 1), lp, tokens[:-1])
                      for lp, tokens in candidates[: config.beam] if tokens[-1] == EOS_ID and lp > -math.inf]
+        if heuristic:
+            finished = sorted(finished, key=lambda f: -f[0])[: config.beam]
         live = [c for c in candidates if c[1][-1] != EOS_ID][: config.beam]
         best = sorted(f[0] for f in finished)
-        if step >= limit or len(finished) >= config.beam or (
-                len(finished) >= config.nbest
-                and live[0][0] / length_penalty(limit + 1, config.lenpen) <= best[-config.nbest]):
+        full = len(finished) >= config.beam and (not heuristic or live[0][0] / penalty(step + 1) <= best[0])
+        if step >= limit or full or (
+                len(finished) >= config.nbest and live[0][0] / penalty(limit + 1) <= best[-config.nbest]):
             break
     return sorted(finished, key=lambda f: -f[0])[: config.nbest]
 
 
+@pytest.mark.parametrize("rules", [{}, {"lenpen_form": "length", "lenpen": 1.0, "stopping": "heuristic"},
+                                   {"stopping": "heuristic", "lenpen": 2.0}])
 @pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4), (4, 601, 5)])
-def test_search_equals_the_search_written_out(beam, vocab, seed):
+def test_search_equals_the_search_written_out(beam, vocab, seed, rules):
     """Also where the first step cannot fill a beam from one row (vocabulary below the beam), and
-    with a vocabulary wide enough for top-k through chunk maxima (601 = 8 x 75 + 1)."""
+    with a vocabulary wide enough for top-k through chunk maxima (601 = 8 x 75 + 1); with either
+    length penalty and either stopping rule."""
     model = random_model(vocab, seed, scale=2.0)
     rows = [[4, 5, 4], [5], [4, 4, 5, 5, 4]]
-    config = SearchConfig(beam=beam, nbest=2, max_len_a=0.5, max_len_b=3)
+    config = SearchConfig(beam=beam, nbest=2, max_len_a=0.5, max_len_b=3, **rules)
     batched = beam_search(Ensemble([model]), sources(rows, vocab), config)
     for row, hyps in zip(rows, batched):
         expected = reference_beam_search(model, sources([row], vocab), config)
@@ -216,8 +230,11 @@ def test_vocabulary_fillers_are_never_output(monkeypatch):
     assert not set(fillers) & outputs(Ensemble([model], never=fillers))
 
 
-def test_packed_projection_matches_the_model_and_leaves_it_alone():
-    model = random_model(50, 3, scale=4.0)
+@pytest.mark.parametrize("variant", [{}, {"output_bias": True}, {"tied_output": False, "output_bias": True}])
+def test_packed_projection_matches_the_model_and_leaves_it_alone(variant):
+    model = random_model(50, 3, scale=4.0, **variant)
+    if model.output_projection.bias is not None:
+        torch.nn.init.normal_(model.output_projection.bias)
     ensemble = Ensemble([model])
     if torch.backends.mkldnn.is_available():  # x86 builds of PyTorch (this project's CI) have oneDNN
         assert isinstance(ensemble.projections[0], kernels.PackedProjection)
@@ -233,7 +250,7 @@ def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypa
     config = SearchConfig(beam=3, max_len_a=0, max_len_b=8)
     packed = beam_search(Ensemble([model]), src, config)
 
-    def unavailable(weight):
+    def unavailable(weight, bias):
         raise AttributeError("'_OpNamespace' 'mkldnn' object has no attribute '_reorder_linear_weight'")
 
     monkeypatch.setattr(kernels, "PackedProjection", unavailable)
@@ -243,7 +260,7 @@ def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypa
     assert [[h.tokens for h in hyps] for hyps in plain] == [[h.tokens for h in hyps] for hyps in packed]
     assert [hyps[0].score for hyps in plain] == pytest.approx([hyps[0].score for hyps in packed], abs=1e-4)
     attempts: list = []
-    monkeypatch.setattr(kernels, "PackedProjection", attempts.append)
+    monkeypatch.setattr(kernels, "PackedProjection", lambda *args: attempts.append(args))
     bf16 = random_model(50, 4).to(torch.bfloat16)
     assert Ensemble([bf16]).projections[0] is bf16.output_projection and not attempts  # not even tried off float32
 

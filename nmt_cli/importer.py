@@ -1,0 +1,93 @@
+"""`nmt import`: a released Marian model as an nmt-cli checkpoint that translates, serves, scores,
+exports and fine-tunes like one trained here. Two release formats: a Hugging Face `MarianMTModel`
+directory (release_transformers.py) and Marian's own (release_marian.py).
+
+A Marian Transformer is ours (§3) up to three layouts, which the import undoes exactly:
+- its sinusoid puts a position's sines first, then its cosines, where §3.5 (and we) interleave
+  them: the d_model dimensions of the residual stream are permuted back (marian.py's inverse);
+- its special tokens sit anywhere (`</s>` 0 and `<pad>` last in older releases, `</s>` 44670 in
+  tc-big ones), the decoder starting from `<pad>`'s row (or, in Marian's own, from zeros): the
+  vocabulary rows are reordered to ours (<pad> 0, <s> 1, </s> 2, <unk> 3), <s> taking the start's row;
+- its FFN may use swish or GELU, its output projection a bias or a matrix of its own (ModelConfig).
+What cannot be represented (learned positions, an embedding layer norm, ...) is refused in one
+line naming it. The released decoding settings become the checkpoint's search defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt_cli.checkpoint import FORMAT_VERSION, checked_model, save
+from nmt_cli.config import TextConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.release import Release, Released, sines_then_cosines
+from nmt_cli.release_marian import read_marian
+from nmt_cli.release_transformers import read_transformers
+from nmt_cli.version import __version__
+from nmt_cli.vocab import SPECIALS
+
+
+def import_model(source: Path, out: Path, warn: Callable[[str], None] = print) -> dict[str, Any]:
+    """Read the release in directory `source`, write it to `out` as a checkpoint (atomically), and
+    return that checkpoint."""
+    source = Path(source)
+    if not source.is_dir():
+        raise NmtError(f"{source}: not a directory (give the directory of a released model)")
+    if (source / "config.json").is_file():
+        release = read_transformers(source, warn)
+    elif any(source.glob("*.npz")):
+        release = read_marian(source, warn)
+    else:
+        raise NmtError(f"{source}: neither a transformers model (config.json) nor a Marian one (*.npz)")
+    checkpoint = checkpoint_of(release)
+    checked_model(checkpoint, out)
+    save(checkpoint, out)
+    return checkpoint
+
+
+def checkpoint_of(release: Release) -> dict[str, Any]:
+    """Our checkpoint of `release`: dimensions interleaved again, rows in our vocabulary's order."""
+    order = torch.argsort(sines_then_cosines(release.config.d_model))  # our dimension j is Marian's order[j]
+    src_rows, src_tokens = release.source.rows("the source vocabulary")
+    tgt_rows, tgt_tokens = release.target.rows("the target vocabulary")
+    weights: dict[str, Tensor] = {}
+    for name in list(release.weights):  # each released tensor let go once converted: one model's memory, not two
+        tensor = release.weights.pop(name).float()
+        if name.startswith("src_embed"):
+            tensor = tensor[src_rows]
+        elif name.startswith(("tgt_embed", "output_projection")):
+            tensor = tensor[tgt_rows]
+        weights[name] = permuted(name, tensor, order).contiguous()
+    if release.shared:
+        weights["src_embed.tokens.weight"] = weights["tgt_embed.tokens.weight"]
+    if release.config.tied_output:
+        weights["output_projection.weight"] = weights["tgt_embed.tokens.weight"]
+    text = TextConfig(source_lang=release.langs[0], target_lang=release.langs[1], subword="sentencepiece",
+                      language_codes=True)
+    return {"format_version": FORMAT_VERSION, "nmt_cli_version": __version__,
+            "model_config": release.config.to_dict(), "text_config": text.to_dict(), "bpe_codes": None,
+            "src_vocab": list(SPECIALS) + src_tokens, "tgt_vocab": list(SPECIALS) + tgt_tokens,
+            "shared_vocab": release.shared, "sentencepiece": release.source_spm,
+            "target_sentencepiece": None if release.target_spm == release.source_spm else release.target_spm,
+            "released": Released(release.search, tuple(release.never_output), release.origin).to_dict(),
+            "model": weights}
+
+
+# Where a weight reads the residual stream (its input dimension) or writes it (its output
+# dimension, biases and layer norms), by the ending of its name.
+_READS = (".qkv.weight", ".q.weight", ".kv.weight", ".w1.weight", "tokens.weight", "output_projection.weight")
+_WRITES = (".out.weight", ".out.bias", ".w2.weight", ".w2.bias", "norm.weight", "norm.bias")
+
+
+def permuted(name: str, tensor: Tensor, order: Tensor) -> Tensor:
+    """`tensor` with its d_model dimension in our order."""
+    if name.endswith(_READS):
+        return tensor[:, order]
+    if name.endswith(_WRITES):
+        return tensor[order]
+    return tensor
