@@ -277,11 +277,11 @@ def import_model(source: Path, output: Path) -> None:
     SOURCE: a Hugging Face MarianMTModel directory (the OPUS-MT models) or Marian's own release
     (model.npz, decoder.yml, vocabularies, .spm files). The checkpoint translates, serves, scores,
     exports and fine-tunes like one trained here, with the release's decoding settings as defaults."""
-    from nmt_cli.checkpoint import load_bundle
+    from nmt_cli.checkpoint import bundle_of
     from nmt_cli.importer import import_model
 
-    import_model(source, output, warn=lambda message: click.echo(message, err=True))
-    about = load_bundle(output).summary()
+    checkpoint = import_model(source, output, warn=lambda message: click.echo(message, err=True))
+    about = bundle_of(checkpoint, output).summary()  # the weights written, not read back
     click.echo(f"imported {source} into {output}: {about['parameters']:,} parameters, {about['layers']} layers, "
                f"vocabulary {about['vocabulary']}", err=True)
 

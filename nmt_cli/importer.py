@@ -55,14 +55,11 @@ def checkpoint_of(release: Release) -> dict[str, Any]:
     order = torch.argsort(sines_then_cosines(release.config.d_model))  # our dimension j is Marian's order[j]
     src_rows, src_tokens = release.source.rows("the source vocabulary")
     tgt_rows, tgt_tokens = release.target.rows("the target vocabulary")
+    rows = {"src_embed": torch.tensor(src_rows), "tgt_embed": torch.tensor(tgt_rows),
+            "output_projection": torch.tensor(tgt_rows)}
     weights: dict[str, Tensor] = {}
     for name in list(release.weights):  # each released tensor let go once converted: one model's memory, not two
-        tensor = release.weights.pop(name).float()
-        if name.startswith("src_embed"):
-            tensor = tensor[src_rows]
-        elif name.startswith(("tgt_embed", "output_projection")):
-            tensor = tensor[tgt_rows]
-        weights[name] = permuted(name, tensor, order).contiguous()
+        weights[name] = permuted(name, release.weights.pop(name).float(), order, rows.get(name.split(".")[0]))
     if release.shared:
         weights["src_embed.tokens.weight"] = weights["tgt_embed.tokens.weight"]
     if release.config.tied_output:
@@ -84,10 +81,20 @@ _READS = (".qkv.weight", ".q.weight", ".kv.weight", ".w1.weight", "tokens.weight
 _WRITES = (".out.weight", ".out.bias", ".w2.weight", ".w2.bias", "norm.weight", "norm.bias")
 
 
-def permuted(name: str, tensor: Tensor, order: Tensor) -> Tensor:
-    """`tensor` with its d_model dimension in our order."""
-    if name.endswith(_READS):
-        return tensor[:, order]
+def permuted(name: str, tensor: Tensor, order: Tensor, rows: Tensor | None) -> Tensor:
+    """`tensor` (of our parameter `name`) with its d_model dimension in our order and, where it has
+    a row per token, its `rows` in our vocabulary's order: a copy of its own, made in blocks of
+    rows (a vocabulary's matrix is the largest: no second copy of it, however briefly)."""
     if name.endswith(_WRITES):
         return tensor[order]
-    return tensor
+    reads = name.endswith(_READS)
+    if rows is None:
+        return tensor[:, order] if reads else tensor.clone()
+    out = tensor.new_empty(len(rows), *tensor.shape[1:])
+    for start in range(0, len(rows), ROWS_AT_ONCE):
+        block = tensor.index_select(0, rows[start:start + ROWS_AT_ONCE])
+        out[start:start + ROWS_AT_ONCE] = block[:, order] if reads else block
+    return out
+
+
+ROWS_AT_ONCE = 4096

@@ -6,6 +6,7 @@ running code from a file, the positions checked, and the search that `generate()
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -121,27 +122,51 @@ def transformers_config(config: dict[str, Any], source: Path) -> ModelConfig:
 
 
 def read_weights(source: Path) -> dict[str, Tensor]:
-    """model.safetensors, or pytorch_model.bin read without running code from it."""
+    """model.safetensors, or pytorch_model.bin read without running code from it; each tensor in
+    memory of its own (importer.checkpoint_of lets each go once converted)."""
     path = source / "model.safetensors"
     if path.is_file():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as e:
+            return read_safetensors(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise NmtError(f"{path}: unreadable or truncated ({str(e).splitlines()[0][:200]})") from None
     path = source / "pytorch_model.bin"
     if not path.is_file():
         raise NmtError(f"{source}: no model.safetensors or pytorch_model.bin")
     try:
-        weights = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        weights = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on garbage in many ways)
         detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise NmtError(f"{path}: refused or unreadable ({detail})") from None
     if not isinstance(weights, dict) or not all(isinstance(t, Tensor) for t in weights.values()):
         raise NmtError(f"{path}: not a dictionary of tensors")
     return weights
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file (a little-endian header size, a JSON header of dtypes,
+    shapes and offsets, the data), each read into a tensor of its own: a memory-mapped file would
+    stay resident whole, the model twice over while it is converted."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        tensors = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            tensor = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
+            begin, end = entry["data_offsets"]
+            buffer = memoryview(tensor.view(-1).view(torch.uint8).numpy())
+            f.seek(8 + size + begin)
+            if end - begin != len(buffer) or f.readinto(buffer) != len(buffer):
+                raise ValueError(f"tensor {name}: {end - begin} bytes listed, {len(buffer)} needed or fewer read")
+            tensors[name] = tensor
+    return tensors
 
 
 def transformers_weights(state: dict[str, Tensor], config: ModelConfig, shared: bool, src_size: int, tgt_size: int,
@@ -151,10 +176,12 @@ def transformers_weights(state: dict[str, Tensor], config: ModelConfig, shared: 
     encoder's, the decoder's and the output's matrices three without tie_word_embeddings."""
     state = {name.removeprefix("model."): tensor for name, tensor in state.items()}
 
-    def take(*names: str, shape: tuple[int, ...] | None = None) -> Tensor:
+    def take(*names: str, shape: tuple[int, ...] | None = None, keep: bool = False) -> Tensor:
+        """The first of `names` the weights have, checked, and let go of unless `keep` (a layer's
+        tensors are read once: its Q, K and V become one matrix without a second copy of them)."""
         for name in names:
             if name in state:
-                tensor = state[name]
+                tensor = state[name] if keep else state.pop(name)
                 if shape is not None and tuple(tensor.shape) != shape:
                     raise NmtError(f"{source}: tensor {name} has shape {list(tensor.shape)}, the config needs "
                                    f"{list(shape)}")
@@ -171,7 +198,7 @@ def transformers_weights(state: dict[str, Tensor], config: ModelConfig, shared: 
     d = config.d_model
     def embedding(side: str, size: int) -> Tensor:
         names = (f"{side}.embed_tokens.weight", "shared.weight")
-        return take(*(names[::-1] if shared and config.tied_output else names), shape=(size, d))
+        return take(*(names[::-1] if shared and config.tied_output else names), shape=(size, d), keep=True)
 
     src, tgt = embedding("encoder", src_size), embedding("decoder", tgt_size)
     weights = {"tgt_embed.tokens.weight": tgt}

@@ -116,6 +116,21 @@ def test_transformers_export(tmp_path):
     assert "vocabulary" in result["ct2_transformers_converter"]  # OPUS-MT's layout expected: refused
 
 
+def test_import_speed(tmp_path, multi30k):
+    (result,) = run("import_speed.py", "--work", tmp_path, "--scale", 0.0625, "--lines", 4, "--repeats", 1,
+                    "--threads", 1)
+    assert result["import_s"] > 0 and result["import_peak_rss_mb"] > result["runtime_rss_mb"] > 0
+    assert result["imported_target_tokens_per_s"] > 0 and result["native_target_tokens_per_s"] > 0
+
+
+def test_import_exactness(tmp_path, multi30k):
+    (result,) = run("import_exactness.py", "--work", tmp_path / "w", "--lines", 20, "--beam-lines", 10)
+    for layout in ("en-mg", "tc-big-like"):
+        assert result[layout]["ids_equal"] == result[layout]["greedy_equal"] == 20
+        assert result[layout]["max_logit_difference"] < 1e-4
+    assert result["beam_lines"] == 10 and result["beam_equal"] >= 0
+
+
 def test_translate_startup(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
