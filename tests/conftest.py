@@ -264,3 +264,50 @@ def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, **changes):
         vocab[other], vocab["</s>"] = vocab["</s>"], eos
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     return model
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(url: str, body: object = None) -> tuple[int, dict]:
+    """The status and JSON answer of a GET (or, with `body`, a POST) to `url`."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def serving(tmp_path: Path, *options, model: Path | None = None, device: str = "cpu"):
+    """`nmt serve` of `model` (default: an untrained tiny one) on a free port, once it answers."""
+    import subprocess
+    import sys
+    import time
+
+    model = model or tiny_checkpoint(tmp_path / "m.pt", seed=3)
+    port = free_port()
+    log = tmp_path / "serve.log"  # a file, not a pipe nobody reads
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
+                                    "--device", device, "--threads", "1", *map(str, options)], stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if request(url + "/health")[0] == 200:
+                return model, url, process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    process.wait()
+    raise AssertionError(f"the server did not start: {log.read_text()[-2000:]}")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import synthetic_data_dir, tiny_checkpoint, tiny_sentencepiece_checkpoint, write_lines
 
 BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
@@ -116,6 +117,7 @@ def test_transformers_export(tmp_path):
     assert "vocabulary" in result["ct2_transformers_converter"]  # OPUS-MT's layout expected: refused
 
 
+@pytest.mark.slow
 def test_import_speed(tmp_path, multi30k):
     (result,) = run("import_speed.py", "--work", tmp_path, "--scale", 0.0625, "--lines", 4, "--repeats", 1,
                     "--threads", 1)
@@ -123,6 +125,7 @@ def test_import_speed(tmp_path, multi30k):
     assert result["imported_target_tokens_per_s"] > 0 and result["native_target_tokens_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_import_exactness(tmp_path, multi30k):
     (result,) = run("import_exactness.py", "--work", tmp_path / "w", "--lines", 20, "--beam-lines", 10)
     for layout in ("en-mg", "tc-big-like"):

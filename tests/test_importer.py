@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import SHARED_DATA, cli, head, opus_mt_release, synthetic_pairs, write_lines
+from conftest import SHARED_DATA, cli, head, opus_mt_release, request, serving, synthetic_pairs, write_lines
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.errors import NmtError
@@ -102,6 +102,7 @@ def test_logits_are_marian_mt_models(any_release):
     assert theirs[real].std().item() > 1  # logits that tell tokens apart
 
 
+@pytest.mark.slow
 def test_greedy_translations_are_generates_on_every_line(any_release):
     tmp, model, tokenizer, translator = any_release
     lines = head(MULTI30K / "val.en", 1000) if (MULTI30K / "val.en").is_file() else english(1000)
@@ -166,6 +167,7 @@ def trained_release(exported, tmp_path_factory):
     return directory, directory.parent / "imported.pt", sources + longer
 
 
+@pytest.mark.slow
 def test_beam_search_is_generates(trained_release):
     """The imported defaults (beam 4, |Y|^1.0, the heuristic stopping) against generate() with the
     release's generation_config.json."""
@@ -235,6 +237,20 @@ def test_everything_runs_on_an_imported_model(released, tmp_path):
     assert (search.beam, search.stopping, search.lenpen_form, search.max_len_b) == (2, "heuristic", "length", 256)
 
 
+@pytest.mark.slow
+def test_nmt_serve_answers_with_the_releases_settings(released, tmp_path):
+    import signal
+
+    tmp, _, _, translator = released
+    _, url, process = serving(tmp_path, "--max-output-tokens", 12, model=tmp / "imported.pt")
+    try:
+        status, answer = request(url + "/translate", {"text": english(3)})
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert status == 200 and answer["translations"] == translator.translate(english(3), max_len_b=12)
+
+
 def test_ctranslate2_greedy_is_ours(released, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     tmp, _, _, translator = released
@@ -266,6 +282,7 @@ def test_a_multilingual_model_lists_its_codes_and_warns_once_of_a_line_without(t
     assert translator.pipeline.source_ids(">>por<< Hello.", 1)[0] == translator.pipeline.src_vocab.index[">>por<<"]
 
 
+@pytest.mark.slow
 def test_fine_tuning_an_imported_model_lowers_its_loss_and_resumes_exactly(released, tmp_path):
     tmp = released[0]
     raw = tmp_path / "raw"
@@ -290,6 +307,8 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_and_resumes_exactly(relea
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
     whole, halves = weights(tmp_path / "whole/checkpoint_last.pt"), weights(tmp_path / "halves/checkpoint_last.pt")
     assert all(torch.equal(whole[k], halves[k]) for k in whole)
+    averaged = cli("average-checkpoints", "--dir", tmp_path / "whole", "--last", 2, "-o", tmp_path / "avg.pt")
+    assert averaged.exit_code == 0 and Translator.load(tmp_path / "avg.pt", beam=1).translate(["A dog."])
     fine_tuned = ckpt.load(tmp_path / "whole/checkpoint_last.pt")
     assert fine_tuned["released"] == ckpt.load(tmp / "imported.pt")["released"]  # its search settings stay
     refused = cli(*common, "--save-dir", tmp_path / "other", "--d-model", 128)

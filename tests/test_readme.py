@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -40,6 +42,7 @@ def test_the_python_api_examples_run(tmp_path, monkeypatch, capsys):
     assert len(printed) == 1 + 3 + 2 + 1 + 6  # translations, 3-best, prefix, sample, score, the file's 6 lines
 
 
+@pytest.mark.slow
 def test_start_from_a_released_model_runs_as_written(tmp_path, monkeypatch):
     """The README's "Start from a released model" commands, in a shell, on a random-weight release
     of OPUS-MT's layout in place of the download, Multi30k slices as raw/, and 3 updates."""

@@ -8,13 +8,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import tiny_checkpoint
+from conftest import request, serving, tiny_checkpoint
 
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
@@ -24,45 +22,9 @@ from nmt_cli.translator import Translator
 LINES = ["a b c d", "p o n m l k", "", "e", "f g h i j k l m n o p a b c", "c c c", "h a", "b b a a"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def request(url: str, body: object = None) -> tuple[int, dict]:
-    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def start(tmp_path, *options, model=None, device="cpu"):
-    """`nmt serve` of `model` (default: an untrained tiny one) on a free port, once it answers."""
-    model = model or tiny_checkpoint(tmp_path / "m.pt", seed=3)
-    port = free_port()
-    log = tmp_path / "serve.log"  # a file, not a pipe nobody reads
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
-                                    "--device", device, "--threads", "1", *map(str, options)], stdout=out, stderr=out)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if request(url + "/health")[0] == 200:
-                return model, url, process
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    process.wait()
-    raise AssertionError(f"the server did not start: {log.read_text()[-2000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model, url, process = start(tmp_path_factory.mktemp("serve"), "--batch-window-ms", 200, "--max-sentences", 20,
+    model, url, process = serving(tmp_path_factory.mktemp("serve"), "--batch-window-ms", 200, "--max-sentences", 20,
                                 "--max-hypotheses", 300)
     yield model, url
     process.send_signal(signal.SIGTERM)
@@ -119,7 +81,7 @@ def test_bad_requests_get_a_reason_and_the_server_keeps_serving(server, body, st
 
 
 def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
-    model, url, process = start(tmp_path, "--batch-window-ms", 1500)  # a request waits 1.5 s in the batcher
+    model, url, process = serving(tmp_path, "--batch-window-ms", 1500)  # a request waits 1.5 s in the batcher
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(request, url + "/translate", {"text": LINES})
         time.sleep(0.5)
@@ -132,7 +94,7 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
 def test_a_short_drain_answers_a_long_request_in_time_and_exits_on_time(tmp_path):
     """SIGTERM 1 s into a request that takes far longer, with --drain-seconds 2: the client gets a
     503 with a reason within the drain time, the server exits on time, and its log holds no traceback."""
-    model, url, process = start(tmp_path, "--drain-seconds", 2, "--max-output-tokens", 10000, "--max-hypotheses",
+    model, url, process = serving(tmp_path, "--drain-seconds", 2, "--max-output-tokens", 10000, "--max-hypotheses",
                                 100000, "--max-beam", 64)
     long = {"text": [" ".join("abcdefghijklmnop")] * 1000, "beam": 64, "max_len_b": 10000, "max_len_a": 100}
     with ThreadPoolExecutor(1) as pool:
@@ -150,7 +112,7 @@ def test_a_short_drain_answers_a_long_request_in_time_and_exits_on_time(tmp_path
 
 
 def test_a_client_that_goes_away_leaves_no_traceback(tmp_path):
-    _, url, process = start(tmp_path)
+    _, url, process = serving(tmp_path)
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as client:  # promises a body it never sends
         client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"text\"")
