@@ -198,9 +198,9 @@ class TextConfig(Options):
                 re.compile(pattern)
             except re.error as e:
                 raise ValueError(f"--protect {pattern!r}: not a regular expression ({e})") from None
-            if re.fullmatch(pattern, ""):
-                raise ValueError(f"--protect {pattern!r}: matches the empty string, and a word has at least one "
-                                 "character (write + for *)")
+            if can_match_empty(pattern):
+                raise ValueError(f"--protect {pattern!r}: can match an empty string (a word has at least one "
+                                 "character: write + for *, and no pattern of lookarounds or \\b alone)")
 
     @property
     def protected(self) -> list[str]:
@@ -216,6 +216,16 @@ class TextConfig(Options):
     @property
     def sentencepiece(self) -> bool:
         return self.subword == "sentencepiece"
+
+
+def can_match_empty(pattern: str) -> bool:
+    """Whether a regular expression can match an empty string somewhere (`a*`, but also `\\b`,
+    `(?=a)`): its shortest match has no character (the parser's width of the pattern)."""
+    try:
+        from re import _parser as parser  # Python >= 3.11
+    except ImportError:  # pragma: no cover (Python 3.10)
+        import sre_parse as parser
+    return parser.parse(pattern).getwidth()[0] == 0
 
 
 def _cores() -> int:

@@ -7,6 +7,7 @@ import gzip
 import os
 import select
 import stat
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -89,10 +90,14 @@ def input_path(prefix: str, lang: str) -> Path:
 
 
 def read_lines(path: Path) -> Iterator[str]:
-    """Lines of a (possibly gzipped) file; invalid UTF-8 is an error naming the line."""
+    """Lines of a (possibly gzipped) file; invalid UTF-8 is an error naming the line, and so is a
+    gzipped file that ends early or is damaged (gzip's EOFError would read as Ctrl-D: "Aborted!")."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        yield from decode_lines(f, str(path))
+    try:
+        with opener(path, "rb") as f:
+            yield from decode_lines(f, str(path))
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise NmtError(f"{path}: a truncated or damaged gzip file ({e})") from None
 
 
 def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:

@@ -31,7 +31,9 @@ class Score:
 
 def check_lengths(hypotheses: Sequence[str], hyp_name: str, references: Sequence[Sequence[str]],
                   ref_names: Sequence[str]) -> None:
-    """Every reference must have as many lines as the hypothesis."""
+    """Every reference must have as many lines as the hypothesis, and they must have some."""
+    if not hypotheses and all(not ref for ref in references):
+        raise NmtError(f"{hyp_name} and {', '.join(ref_names)}: no lines to score")
     for name, ref in zip(ref_names, references):
         if len(ref) != len(hypotheses):
             raise NmtError(f"{hyp_name} has {len(hypotheses)} lines but {name} has {len(ref)}: line counts differ")

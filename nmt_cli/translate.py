@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import IO
 
@@ -21,7 +23,7 @@ from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import TranslateConfig
 from nmt_cli.device import select as select_device
 from nmt_cli.errors import NmtError
-from nmt_cli.files import remove_stale_temporaries, replacing
+from nmt_cli.files import reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks
 from nmt_cli.records import attention_record, score_record, translations_record
 from nmt_cli.translator import CHUNK_LINES, Translator, model_search
@@ -88,6 +90,23 @@ def translate_stream(translator: Translator, source: IO[bytes], source_name: str
     return count
 
 
+def to_stdout(write: Callable[[], int]) -> int:
+    """`write()`, whose output goes to stdout; stdout that cannot take it (a full device) is a
+    one-line error, a closed pipe a quiet exit, and what stayed in its buffer goes nowhere instead
+    of failing again as the interpreter exits."""
+    try:
+        result = write()
+        sys.stdout.flush()
+        return result
+    except OSError as e:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        if isinstance(e, BrokenPipeError):  # the reader went away (`| head`): end as a shell tool does, quietly
+            raise SystemExit(128 + signal.SIGPIPE) from None
+        raise NmtError(f"<stdout>: cannot write the translation ({reason(e)})") from None
+
+
 def translate_file(checkpoints: list[Path], input_path: Path | None, output_path: Path | None,
                    config: TranslateConfig, given: Collection[str] = ()) -> int:
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when
@@ -106,7 +125,7 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
     name = str(input_path) if input_path else "<stdin>"
     try:
         if output_path is None:
-            return translate_stream(translator, source, name, sys.stdout)
+            return to_stdout(lambda: translate_stream(translator, source, name, sys.stdout))
         remove_stale_temporaries(output_path.parent)
         with replacing(output_path, "the translation") as tmp, open(tmp, "w", encoding="utf-8") as out:
             return translate_stream(translator, source, name, out, progress=input_path is not None)

@@ -1,7 +1,10 @@
 """Bad input, as a table: each case gets a one-line error naming the file/line/option and cause,
 a non-zero exit, and nothing half-written; or, where the input is usable, a clear warning."""
 
+import gzip
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +178,16 @@ def score_files(tmp, hyp: bytes, ref: bytes):
     return ["score", "-r", str(tmp / "ref.txt"), "-i", str(tmp / "hyp.txt")]
 
 
+def truncated_gzip(tmp):
+    """A gzipped training file cut in half (a download that stopped): gzip's EOFError."""
+    text = "".join(f"line {i} of the corpus\n" for i in range(3000)).encode()
+    packed = gzip.compress(text)
+    (tmp / "train.en.gz").write_bytes(packed[: len(packed) // 2])
+    (tmp / "train.de.gz").write_bytes(packed)
+    return ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(tmp / "train"), "--destdir", str(tmp / "out"),
+            "--bpe-merges", "5", "--workers", "1", "--quiet"]
+
+
 def curves_of(tmp, with_log: bool, output: str):
     (tmp / "run").mkdir()
     (tmp / "file").write_text("mine")
@@ -235,6 +248,8 @@ CASES = [
          1, r"avg.pt: cannot write checkpoint \(No such file or directory\)"),
     Case("score: line counts differ", lambda t: score_files(t, b"a\n", b"a\nb\n"), 1, r"line counts differ"),
     Case("score: invalid UTF-8", lambda t: score_files(t, b"a\n", b"\xff\n"), 1, r"ref.txt:1: invalid UTF-8"),
+    Case("score: two empty files", lambda t: score_files(t, b"", b""), 1, r"hyp.txt and .*ref.txt: no lines to score"),
+    Case("truncated gzip file", truncated_gzip, 1, r"train.en.gz: a truncated or damaged gzip file", ["out"]),
     Case("plot: a directory without a training log", lambda t: curves_of(t, False, "c.png"), 1,
          r"train_log.jsonl: not found", ["c.png"]),
     Case("plot: output under a file", lambda t: curves_of(t, True, "file/c.png"), 1,
@@ -271,3 +286,17 @@ def test_filtered_lines_are_counted(tmp_path):
     meta = json.loads((tmp_path / "out/meta.json").read_text())
     assert meta["splits"]["train"]["dropped"] == {"nul_byte": 1, "too_long": 1}
     assert meta["splits"]["train"]["pairs_out"] == 3
+
+
+def test_a_full_stdout_is_one_line_and_a_closed_pipe_a_quiet_end(tmp_path):
+    """`nmt translate > /dev/full` and `nmt translate | head -c 0`: no traceback, nothing that
+    fails again as the interpreter exits."""
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    command = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(model), "--beam", "1"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(command, input="a b\n" * 50, stdout=full, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "Error: <stdout>: cannot write the translation (No space left on device)"
+    piped = subprocess.run(f"{' '.join(command)} | head -c 0; exit ${{PIPESTATUS[0]}}", shell=True,
+                           executable="/bin/bash", input="a b\n" * 20000, capture_output=True, text=True)
+    assert piped.returncode == 141 and piped.stderr == ""

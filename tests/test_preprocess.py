@@ -345,10 +345,14 @@ def test_preprocessing_does_not_load_torch(tmp_path):
     assert out.strip() == "[]"
 
 
-def test_a_protected_pattern_matching_the_empty_string_is_refused(tmp_path):
-    result = preprocess(corpus(tmp_path), "--protect", "x*")
-    assert result.exit_code == 2 and "--protect 'x*': matches the empty string" in result.output
+@pytest.mark.parametrize("pattern", ["x*", r"\b", "(?=a)", "(?<=a)", "(a|)", "x?"])
+def test_a_protected_pattern_that_can_match_an_empty_string_is_refused(tmp_path, pattern):
+    """Zero-width patterns too: they would match between every two characters (a MemoryError
+    after gigabytes, in round 3 of the attacks)."""
+    result = preprocess(corpus(tmp_path), "--protect", pattern)
+    assert result.exit_code == 2 and f"--protect {pattern!r}: can match an empty string" in result.output
     assert not (tmp_path / "out").exists()
+    assert preprocess(corpus(tmp_path), "--protect", r"[A-Z]{2,}").exit_code == 0
 
 
 @pytest.mark.parametrize("flags", [["--lowercase"], ["--bpe-merges", "5"], ["--vocab-size", "10"],
