@@ -18,10 +18,12 @@ from nmt_cli.errors import NmtError
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
     """Lines of a binary stream without their newline; invalid UTF-8 is an error naming the line.
 
-    Only "\n" ends a line (Unicode line separators inside a sentence stay part of it).
+    Only "\n" ends a line (Unicode line separators inside a sentence stay part of it). A byte-order
+    mark opening the stream is no text (Windows editors write one): it would become a word.
     """
     for number, raw in enumerate(stream, start=1):
-        yield _decode(raw, name, number)
+        line = _decode(raw, name, number)
+        yield line.removeprefix("\ufeff") if number == 1 else line
 
 
 def _decode(raw: bytes, name: str, number: int) -> str:

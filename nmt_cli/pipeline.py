@@ -30,6 +30,7 @@ class TextPipeline:
         self.unknown_target = False  # a prefix or reference held tokens the vocabulary lacks (warned once)
         self.codes = set(bundle.language_codes)  # a multilingual model's target-language tokens
         self.uncoded = False  # a line came without one (warned once)
+        self.alone = False  # an empty source came with a prefix (warned once)
 
     @functools.cached_property
     def target_encoder(self) -> TextProcessor:
@@ -67,6 +68,15 @@ class TextPipeline:
                 self.unknown_target = True
         limit = self.max_positions - (2 if what == "prefix" else 1)
         return self._cut(ids, limit, number, f"{what} tokens", "keeping" if what == "prefix" else "scoring")
+
+    def prefix_alone(self, prefix: str, number: int) -> list[int]:
+        """The target ids of a prefix whose source is empty: the whole output, nothing being left
+        to translate (warned once, naming the line)."""
+        if not self.alone:
+            self.warn(f"warning: line {number}: an empty source with a prefix: its output is the prefix alone "
+                      "(warned once)")
+            self.alone = True
+        return self.target_ids(prefix, number)
 
     def _cut(self, ids: list[int], limit: int, number: int, what: str, doing: str) -> list[int]:
         if len(ids) > limit:

@@ -29,6 +29,7 @@ from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import SearchConfig, TrainConfig
 from nmt_cli.data import ParallelData, Prefetcher, length_buckets, shapes_and_padding, shuffled, token_batches
 from nmt_cli.datadir import DataDir
+from nmt_cli.device import out_of_memory
 from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries
 from nmt_cli.generator import Generator
@@ -145,6 +146,19 @@ def bucketing(run: TrainingRun) -> str:
             f"{padding:.1%} padding")
 
 
+def built(config: ModelConfig, src_vocab: int, tgt_vocab: int, shared: bool) -> Transformer:
+    """The model to train, or a one-line error with the memory it needs where it cannot be made."""
+    try:
+        return Transformer(config, src_vocab, tgt_vocab, PAD_ID, shared)
+    except RuntimeError as e:
+        if not out_of_memory(e):
+            raise
+        params = config.num_parameters(src_vocab, tgt_vocab, shared)
+        raise NmtError(f"the model cannot be made: {params:,} parameters need {params * 4 / 2**30:,.1f} GiB in "
+                       f"float32 (and training about 4 times that, with Adam's moments and the gradients); a "
+                       f"smaller --d-model, --d-ff or vocabulary") from None
+
+
 # What fine-tuning (--init-from) may set anew: regularization, nothing that shapes the weights or
 # what they compute.
 FINE_TUNING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing")
@@ -181,7 +195,7 @@ class TrainingRun:
         self.log = RunLog(self.save_dir, self.runtime.main, config.tensorboard, progress_bar)
 
         torch.manual_seed(config.seed)
-        model = Transformer(model_config, len(src_vocab), len(tgt_vocab), PAD_ID, data.joined_dictionary)
+        model = built(model_config, len(src_vocab), len(tgt_vocab), data.joined_dictionary)
         self.model = model.to(self.runtime.device)
         self.bundle = ckpt.ModelBundle(self.model, data.text, data.bpe_codes(), src_vocab, tgt_vocab,
                                        data.sentencepiece(), data.target_sentencepiece())

@@ -300,3 +300,20 @@ def test_a_full_stdout_is_one_line_and_a_closed_pipe_a_quiet_end(tmp_path):
     piped = subprocess.run(f"{' '.join(command)} | head -c 0; exit ${{PIPESTATUS[0]}}", shell=True,
                            executable="/bin/bash", input="a b\n" * 20000, capture_output=True, text=True)
     assert piped.returncode == 141 and piped.stderr == ""
+
+
+def test_a_model_too_large_to_make_is_one_line_with_the_memory_it_needs(tmp_path, monkeypatch):
+    """`--d-model 65536 --heads 1` is in the flags' ranges; PyTorch's allocator refuses the model
+    (here made to refuse at once: a machine with more memory would first fill it)."""
+    from nmt_cli import train
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 51539607552 bytes")
+
+    monkeypatch.setattr(train, "Transformer", refused)
+    args = data_dir(tmp_path)
+    args[args.index("--d-model") + 1], args[args.index("--heads") + 1] = "65536", "1"
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "the model cannot be made" in result.output and "GiB in float32" in result.output

@@ -380,3 +380,13 @@ def test_the_summary_fits_80_columns(multi30k, tmp_path):
     assert train[1:4] == [f"{meta['pairs_out']:,}", f"{meta['tokens']['en']:,}", f"{meta['tokens']['de']:,}"]
     dropped = ", ".join(f"{k} {v:,}" for k, v in meta["dropped"].items())
     assert f"train: {meta['pairs_in'] - meta['pairs_out']:,} of 3,000 pairs dropped ({dropped})" in done.stderr
+
+
+def test_a_byte_order_mark_opening_a_file_is_no_word(tmp_path):
+    raw = corpus(tmp_path)
+    for lang in ("en", "de"):
+        path = raw / f"train.{lang}"
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert preprocess(raw).exit_code == 0
+    for lang in ("en", "de"):
+        assert "\ufeff" not in (tmp_path / f"out/dict.{lang}.txt").read_text(encoding="utf-8")

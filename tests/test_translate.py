@@ -189,6 +189,15 @@ def test_a_prefix_the_vocabulary_lacks_is_warned_once_with_its_line(model_path):
                         "<unk> (warned once)"]
 
 
+def test_an_empty_source_with_a_prefix_gives_the_prefix_and_says_so_once(model_path):
+    warnings = []
+    t = translator(model_path, warnings, prefix=True, output_format="bpe")
+    out = translate_lines(t, ["a b\tn", "\tn o", " \tp", "\t", ""], first_number=3)
+    assert out[1:] == ["n o", "p", "", ""]
+    assert warnings == ["warning: line 4: an empty source with a prefix: its output is the prefix alone (warned "
+                        "once)"]
+
+
 def test_sampling_from_the_command_line_is_seeded(model_path):
     def sampled(seed):
         result = CliRunner().invoke(main, ["translate", "-m", str(model_path), "--sampling",
