@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,19 @@ def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> No
     marian.load_state_dict(state, strict=False)
 
     def write(tmp: Path) -> None:
-        marian.save_pretrained(str(tmp))
+        from safetensors import SafetensorError
+        from transformers.utils import logging
+
+        bar = logging.is_progress_bar_enabled()
+        logging.disable_progress_bar()  # our output is one line, not a bar of shards
+        try:
+            marian.save_pretrained(str(tmp))
+        except SafetensorError as e:  # its writer's I/O error (a full disk, a file-size limit), as an OSError
+            errno = next((int(n) for n in re.findall(r"os error (\d+)", str(e))), 0)
+            raise OSError(errno, os.strerror(errno) if errno else str(e)) from None
+        finally:
+            if bar:
+                logging.enable_progress_bar()
         _tokenizer_files(bundle, tmp)
         text_files(bundle, tmp)
         (tmp / "README.md").write_text(model_card(bundle, checkpoint, source.name), encoding="utf-8")

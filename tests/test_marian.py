@@ -204,3 +204,25 @@ def test_at_the_length_limit_both_stop_after_the_same_tokens(tmp_path):
     theirs, outputs = generated(tmp_path, sources, num_beams=1)
     assert 63 in lengths and [(row != PAD_ID).sum().item() - 2 for row in outputs] == lengths
     assert theirs == [json.loads(line)["translation"] for line in result.output.splitlines()]
+
+
+def test_a_file_size_limit_is_one_line_and_nothing_is_written(tmp_path):
+    """A full disk or a file-size limit while transformers writes the weights (its safetensors
+    writer's own error, not an OSError): one line, no directory."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    model = tiny_sentencepiece_checkpoint(tmp_path / "m.pt")
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+
+    done = subprocess.run([sys.executable, "-m", "nmt_cli", "export", "-m", str(model), "--format", "transformers",
+                           "-o", str(tmp_path / "hf")], preexec_fn=limited, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"Error: {tmp_path / 'hf'}: cannot write the model directory (File too large); " \
+        "nothing was written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
