@@ -54,10 +54,11 @@ class DataDir:
 
     @staticmethod
     def files_of(path: Path) -> set[str] | None:
-        """The names of the files an earlier `nmt preprocess` wrote in `path`, meta.json included;
-        None when `path` has no readable meta.json."""
+        """The names of the files an earlier `nmt preprocess` wrote in `path`, meta.json (and the
+        marker of a publication killed before removing it) included; None without a readable
+        meta.json."""
         try:
-            return {META, *json.loads((Path(path) / META).read_text(encoding="utf-8"))["checksums"]}
+            return {META, MARKER, *json.loads((Path(path) / META).read_text(encoding="utf-8"))["checksums"]}
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

@@ -21,7 +21,7 @@ import torch
 from nmt_cli.checkpoint import ModelBundle
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.files import write_directory
+from nmt_cli.files import MARKER, write_directory
 from nmt_cli.model import MultiHeadAttention, Transformer
 
 
@@ -81,7 +81,7 @@ def _check_destination(out: Path) -> None:
         return
     if not out.is_dir():
         raise NmtError(f"{out}: exists and is not a directory; choose another --output")
-    names = {p.name for p in out.iterdir()}
+    names = {p.name for p in out.iterdir()} - {MARKER}  # a marker: a publication killed before removing it
     if names and ("nmt-cli.json" not in names or not names <= EXPORT_FILES):
         raise NmtError(f"{out}: the directory holds files that are not an earlier export; choose another "
                        "--output or empty it")

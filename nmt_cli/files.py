@@ -101,13 +101,17 @@ def write_directory(path: Path, what: str, write: Callable[[Path], T], check: Ca
 
 
 def _publish_directory(tmp: Path, path: Path) -> None:
-    """Rename the finished temporary directory `tmp` to `path`, replacing what is there."""
-    (tmp / MARKER).unlink()
+    """Rename the finished temporary directory `tmp` to `path`, replacing what is there. Whatever
+    moment a kill comes, what is left under a temporary name holds the marker (and is swept), and
+    `path` is the old directory or the new one (which may still hold the marker: a harmless file)."""
     old = None
     if path.exists():
         old = temporary(path)
+        if path.is_dir() and not path.is_symlink():
+            (path / MARKER).touch()
         path.rename(old)
     tmp.rename(path)
+    (path / MARKER).unlink()
     if old is not None:
         shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
 
@@ -122,6 +126,8 @@ def remove_stale_temporaries(directory: Path) -> None:
             if path.is_dir() and not path.is_symlink():
                 if (path / MARKER).is_file():
                     shutil.rmtree(path)
+                elif not any(path.iterdir()):  # killed between its mkdir and its marker
+                    path.rmdir()
             else:
                 path.unlink()
 

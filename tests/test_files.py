@@ -40,3 +40,38 @@ def test_a_lock_file_removed_by_its_holder_meanwhile_is_not_trusted(tmp_path, mo
     lock = DirectoryLock(path, "the directory").acquire()
     assert len(opened) == 2 and os.fstat(lock.fd).st_ino == os.stat(path).st_ino
     lock.release()
+
+
+
+def test_a_kill_at_any_step_of_writing_a_directory_leaves_nothing_the_next_run_keeps(tmp_path, monkeypatch):
+    """Killed right after the temporary directory's mkdir (no marker yet), or while the finished
+    one replaces the old (moved aside, not yet removed), or before the new one's marker goes: the
+    leftovers are swept by the next run, and the published directory can be replaced again."""
+    from nmt_cli import files
+
+    dead = 2**22 + 4321  # above the kernel's default pid_max: no process has it
+    empty = tmp_path / f".out.nmt-tmp-{files.HOST}-{dead}-0123456789abcdef"
+    empty.mkdir()
+    files.remove_stale_temporaries(tmp_path)
+    assert not empty.exists()
+
+    def write(content):
+        return lambda tmp: (tmp / "f.txt").write_text(content)
+
+    out = tmp_path / "out"
+    files.write_directory(out, "directory", write("first"), lambda: None)
+    assert sorted(p.name for p in out.iterdir()) == ["f.txt"]
+
+    def killed(path, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:  # killed before the old directory, moved aside, is removed
+        patch.setattr(files.shutil, "rmtree", killed)
+        with pytest.raises(KeyboardInterrupt):
+            files.write_directory(out, "directory", write("second"), lambda: None)
+    assert (out / "f.txt").read_text() == "second"
+    leftovers = list(tmp_path.glob(".out.nmt-tmp-*"))
+    assert leftovers and all((p / files.MARKER).is_file() for p in leftovers)  # marked: the sweep may take them
+    monkeypatch.setattr(files, "_alive", lambda pid: False)
+    files.remove_stale_temporaries(tmp_path)
+    assert not list(tmp_path.glob(".out.nmt-tmp-*"))
