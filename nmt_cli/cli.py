@@ -223,8 +223,10 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
 
     if bool(checkpoints) == bool(save_dir):
         raise click.UsageError("give either --inputs A.pt B.pt ... or --dir SAVE_DIR [--last N]")
+    from nmt_cli.files import destination
+
     paths = list(checkpoints) if checkpoints else last_checkpoints(save_dir, last)
-    save(average(paths), output)
+    save(average(paths), destination(output, "checkpoint"))
     click.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}", err=True)
 
 
@@ -278,9 +280,11 @@ def import_model(source: Path, output: Path) -> None:
     (model.npz, decoder.yml, vocabularies, .spm files). The checkpoint translates, serves, scores,
     exports and fine-tunes like one trained here, with the release's decoding settings as defaults."""
     from nmt_cli.checkpoint import bundle_of
+    from nmt_cli.files import destination
     from nmt_cli.importer import import_model
 
-    checkpoint = import_model(source, output, warn=lambda message: click.echo(message, err=True))
+    checkpoint = import_model(source, destination(output, "checkpoint"),
+                              warn=lambda message: click.echo(message, err=True))
     about = bundle_of(checkpoint, output).summary()  # the weights written, not read back
     click.echo(f"imported {source} into {output}: {about['parameters']:,} parameters, {about['layers']} layers, "
                f"vocabulary {about['vocabulary']}", err=True)
@@ -302,7 +306,9 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
     from nmt_cli.checkpoint import load, load_bundle, save_safetensors
+    from nmt_cli.files import destination
 
+    output = destination(output, "export")
     if fmt != "ctranslate2" and "quantization" in given_flags():
         raise click.UsageError("--quantization applies only to --format ctranslate2")
     if fmt == "safetensors":

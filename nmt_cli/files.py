@@ -22,6 +22,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -62,6 +63,31 @@ def replacing(path: Path, what: str = "file") -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
+         (stat.S_ISSOCK, "socket"))
+
+
+def destination(path: Path, what: str, stream: str = "") -> Path:
+    """Where a command writes the `what` its user named `path`: through a symbolic link, the file
+    or directory it points to (written atomically there, the link kept). Refused in one line: a
+    device, FIFO or socket (a rename would replace it; `stream` says how to write into it instead),
+    and a file with other hard links (a rename would part it from them)."""
+    path = Path(path)
+    real = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        info = real.stat()
+    except OSError:
+        return real  # a new path (or one the write will name in its own error)
+    kind = next((name for test, name in KINDS if test(info.st_mode)), None)
+    if kind is not None:
+        raise NmtError(f"{path}: a {kind}, not a regular file: the {what} is written to files, atomically"
+                       + (f"; {stream}" if stream else ""))
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise NmtError(f"{path}: a file with {info.st_nlink - 1} other hard link(s); writing the {what} in its place "
+                       "would part it from them: remove it first, or choose another path")
+    return real
 
 
 def write_text(path: Path, text: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nmt_cli.errors import NmtError
-from nmt_cli.files import reason, replacing
+from nmt_cli.files import destination, reason, replacing
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "encoder-decoder attention"}
@@ -118,7 +118,7 @@ def training_curves(save_dirs: Sequence[Path], output: Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    save_figure(fig, output)
+    save_figure(fig, destination(output, "plot"))
     return output
 
 

@@ -23,7 +23,7 @@ from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import TranslateConfig
 from nmt_cli.device import select as select_device
 from nmt_cli.errors import NmtError
-from nmt_cli.files import reason, remove_stale_temporaries, replacing
+from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks
 from nmt_cli.records import attention_record, score_record, translations_record
 from nmt_cli.search import Hypothesis
@@ -114,8 +114,10 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
                    config: TranslateConfig, given: Collection[str] = ()) -> int:
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when
     complete. Search options not `given` are the model's own (`translator.model_search`)."""
-    if output_path is not None and not output_path.parent.is_dir():
-        raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
+    if output_path is not None:
+        output_path = destination(output_path, "translation", "to stream it there, leave out -o: > PATH")
+        if not output_path.parent.is_dir():
+            raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
     bundles = [load_bundle(path) for path in checkpoints]
     try:
         search = model_search(bundles[0], {name: getattr(config.search, name) for name in given})

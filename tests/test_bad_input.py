@@ -317,3 +317,38 @@ def test_a_model_too_large_to_make_is_one_line_with_the_memory_it_needs(tmp_path
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert "the model cannot be made" in result.output and "GiB in float32" in result.output
+
+
+def writers(tmp_path):
+    """Each command that writes a file a user names, as arguments ending in its output path."""
+    model = str(tiny_checkpoint(tmp_path / "m.pt"))
+    source = write_lines(tmp_path / "in.txt", ["a b", "c"])
+    return {"translate": ["translate", "-m", model, "-i", str(source), "--beam", "1", "-o"],
+            "average-checkpoints": ["average-checkpoints", "--inputs", model, model, "-o"],
+            "export safetensors": ["export", "-m", model, "--format", "safetensors", "-o"]}
+
+
+@pytest.mark.parametrize("command", ["translate", "average-checkpoints", "export safetensors"])
+def test_an_output_path_is_never_replaced_by_something_else(tmp_path, command):
+    """A device or FIFO is refused (a rename would have replaced /dev/null by a text file), a
+    hard-linked file too (a rename would part it from its other names); a symbolic link is
+    followed: its target is written, atomically, and the link stays."""
+    import os
+    import stat
+
+    args = writers(tmp_path)[command]
+    suffix = ".safetensors" if command.startswith("export") else ".out"
+    fifo, target, link = tmp_path / f"fifo{suffix}", tmp_path / f"target{suffix}", tmp_path / f"link{suffix}"
+    os.mkfifo(fifo)
+    for path, kind in (("/dev/null", "a character device"), (str(fifo), "a FIFO")):
+        result = CliRunner().invoke(main, [*args, path])
+        assert result.exit_code == 1 and f"{path}: {kind}, not a regular file" in result.output, result.output
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    link.symlink_to(target.name)
+    assert CliRunner().invoke(main, [*args, str(link)]).exit_code == 0
+    assert link.is_symlink() and target.is_file() and target.stat().st_size > 0
+    hard = tmp_path / f"hard{suffix}"
+    os.link(target, hard)
+    result = CliRunner().invoke(main, [*args, str(hard)])
+    assert result.exit_code == 1 and "a file with 1 other hard link(s)" in result.output, result.output
+    assert os.path.samefile(target, hard)
