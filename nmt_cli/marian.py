@@ -107,6 +107,31 @@ def marian_config(config_class: Any, bundle: ModelBundle) -> Any:
         forced_eos_token_id=EOS_ID, tie_word_embeddings=config.tied_output)
 
 
+def generate_limit(bundle: ModelBundle, search: SearchConfig) -> int:
+    """The most tokens `generate` outputs before its forced </s>: ours where it does not grow with
+    the source, else the model's positions."""
+    positions = bundle.model.config.max_positions - 1
+    return min(search.max_len_b, positions) if search.max_len_a == 0 else positions
+
+
+def search_note(bundle: ModelBundle, search: SearchConfig) -> str:
+    """The card's words on how `generate` and `nmt translate` search, and precisely where they differ."""
+    limit = generate_limit(bundle, search)
+    form = ("both dividing a hypothesis' score by |Y|^alpha" if search.lenpen_form == "length" else
+            "but transformers divides a hypothesis' score by |Y|^alpha where nmt-cli divides it by ((5 + |Y|) / "
+            "6)^alpha (GNMT): `nmt translate --lenpen-form length` searches as `generate` does")
+    if search.max_len_a == 0:
+        length = f"Both stop an output after {limit} tokens, so greedy search (`num_beams=1`) gives nmt-cli's " \
+                 "translations exactly."
+    else:
+        length = (f"`generate` stops an output after {limit} tokens, `nmt translate` after {search.max_len_a:g} x "
+                  f"its source's tokens + {search.max_len_b}: greedy search (`num_beams=1`) gives nmt-cli's "
+                  "translations exactly where neither limit is reached (`generate(max_new_tokens=N)` and `nmt "
+                  "translate --max-len-a 0 --max-len-b N` make the limits one).")
+    return (f"`generate` searches as `nmt translate` does by default (beam {search.beam}, length penalty alpha "
+            f"{search.lenpen}, early_stopping {search.stopping == 'early'}), {form}. {length}")
+
+
 # Our FFN activations by transformers' names.
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new", "gelu-sigmoid": "quick_gelu",
                   "swish": "swish"}
@@ -119,11 +144,10 @@ def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
     taken at max_positions - 1), our beam size, our stopping rule, and our length penalty's alpha
     (which transformers applies as |Y|^alpha)."""
     search = SearchConfig(**bundle.released.search)
-    limit = search.max_len_b if search.max_len_a == 0 else bundle.model.config.max_positions - 1
     banned = [PAD_ID, BOS_ID] + ([] if search.allow_unk else [UNK_ID]) + bundle.never
     return config_class(
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-        forced_eos_token_id=EOS_ID, max_length=min(limit, bundle.model.config.max_positions - 1) + 2,
+        forced_eos_token_id=EOS_ID, max_length=generate_limit(bundle, search) + 2,
         num_beams=search.beam, length_penalty=search.lenpen, early_stopping=search.stopping == "early",
         bad_words_ids=[[i] for i in banned])
 
@@ -232,12 +256,7 @@ def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str) -> 
               "model = AutoModelForSeq2SeqLM.from_pretrained(MODEL)",
               'batch = tokenizer(["A sentence to translate."], return_tensors="pt", padding=True)',
               "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
-              "```", "", f"`generate` searches as `nmt translate` does by default (beam {search.beam}, length "
-              f"penalty alpha {search.lenpen}), " + (
-                  "both dividing a hypothesis' score by |Y|^alpha." if search.lenpen_form == "length" else
-                  "except that transformers divides a hypothesis' score by |Y|^alpha where nmt-cli divides it by "
-                  "((5 + |Y|) / 6)^alpha (GNMT).") + " Greedy search (`num_beams=1`) gives nmt-cli's translations "
-              "exactly.", ""]
+              "```", "", search_note(bundle, search), ""]
     return "\n".join(lines)
 
 

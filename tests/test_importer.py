@@ -201,6 +201,8 @@ def test_an_imported_model_exported_and_imported_again_is_the_same(released):
     for key in ("model_config", "src_vocab", "tgt_vocab", "sentencepiece", "target_sentencepiece"):
         assert first[key] == second[key], key
     assert first["released"]["search"] == second["released"]["search"]
+    card = (tmp / "again/README.md").read_text()
+    assert "early_stopping False), both dividing" in card and "Both stop an output after 510 tokens" in card
 
 
 def test_a_trained_model_exported_and_imported_translates_as_it_did(exported, tmp_path):

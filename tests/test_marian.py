@@ -128,6 +128,7 @@ def test_the_model_card_says_what_the_model_is_and_was_trained_on(exported):
     assert f"{params:,} parameters" in card and "2 encoder and 2 decoder layers, d_model 32" in card
     assert "- train: train.src, train.tgt (400 pairs)\n- valid: valid.src, valid.tgt (40 pairs)\n" in card
     assert "- updates: 400" in card and "AutoModelForSeq2SeqLM.from_pretrained" in card
+    assert "`generate` stops an output after 63 tokens, `nmt translate` after 1 x its source's tokens + 50" in card
     if bundle.src_vocab is bundle.tgt_vocab:
         assert "BLEU" not in card
     else:  # trained with --eval-bleu
