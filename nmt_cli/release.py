@@ -72,7 +72,8 @@ class Side:
         """The released row of each of our ids, and our tokens after the specials (`where` names
         the vocabulary in errors)."""
         roles = [self.pad, self.start, self.eos, self.unk]
-        rest = [i for i in range(len(self.tokens)) if i not in set(roles)]
+        taken = set(roles)
+        rest = [i for i in range(len(self.tokens)) if i not in taken]
         clashes = [self.tokens[i] for i in rest if self.tokens[i] in SPECIALS]
         if clashes:
             raise NmtError(f"{where}: {clashes[0]!r} is an ordinary token there, and nmt-cli reserves it")
@@ -104,6 +105,14 @@ def read_json(path: Path) -> Any:
         raise NmtError(f"{path}: missing (a released model needs it)") from None
     except (OSError, ValueError) as e:
         raise NmtError(f"{path}: unreadable ({e})") from None
+
+
+def tokens_by_id(mapping: dict[str, int], path: Path) -> list[str]:
+    """The tokens of a vocabulary file's {token: id} by id: every id from 0 up, once."""
+    tokens = {i: t for t, i in mapping.items()}
+    if sorted(tokens) != list(range(len(mapping))):
+        raise NmtError(f"{path}: its ids are not 0 to {len(mapping) - 1}, each once")
+    return [tokens[i] for i in range(len(tokens))]
 
 
 def token_id(tokens: list[str], name: str, source: Path) -> int:

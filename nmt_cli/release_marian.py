@@ -15,7 +15,7 @@ from torch import Tensor
 from nmt_cli.architecture import ModelConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.pieces import load_sentencepiece
-from nmt_cli.release import Release, Side, sentencepiece_file, token_id
+from nmt_cli.release import Release, Side, sentencepiece_file, token_id, tokens_by_id
 
 
 def read_marian(source: Path, warn: Callable[[str], None]) -> Release:
@@ -96,10 +96,7 @@ def marian_vocabulary(path: Path) -> list[str]:
         raise NmtError(f"{path}: not a Marian vocabulary ({str(e).splitlines()[0][:200]})") from None
     if not isinstance(mapping, dict) or not all(str(i).isdigit() for i in mapping.values()):
         raise NmtError(f"{path}: not a Marian vocabulary (token: id lines)")
-    tokens = {int(i): t for t, i in mapping.items()}
-    if sorted(tokens) != list(range(len(mapping))):
-        raise NmtError(f"{path}: its ids are not 0 to {len(mapping) - 1}, each once")
-    return [tokens[i] for i in range(len(tokens))]
+    return tokens_by_id({t: int(i) for t, i in mapping.items()}, path)
 
 
 MARIAN_ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu-sigmoid"}

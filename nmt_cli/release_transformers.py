@@ -19,7 +19,7 @@ from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.model import positional_encoding
-from nmt_cli.release import Release, Side, read_json, sentencepiece_file, sines_then_cosines, token_id
+from nmt_cli.release import Release, Side, read_json, sentencepiece_file, sines_then_cosines, token_id, tokens_by_id
 
 # MarianConfig's defaults (transformers 5), which a saved config.json leaves out.
 MARIAN_DEFAULTS = {"vocab_size": 58101, "max_position_embeddings": 1024, "encoder_layers": 12, "encoder_ffn_dim": 4096,
@@ -30,8 +30,6 @@ MARIAN_DEFAULTS = {"vocab_size": 58101, "max_position_embeddings": 1024, "encode
                    "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "forced_eos_token_id": 0}
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_fast": "gelu-tanh",
                "gelu_pytorch_tanh": "gelu-tanh", "quick_gelu": "gelu-sigmoid", "swish": "swish", "silu": "swish"}
-
-
 
 
 def read_transformers(source: Path, warn: Callable[[str], None]) -> Release:
@@ -74,12 +72,7 @@ def vocabulary(path: Path) -> list[str]:
     mapping = read_json(path)
     if not isinstance(mapping, dict) or not all(isinstance(i, int) for i in mapping.values()):
         raise NmtError(f"{path}: not a JSON object of token ids")
-    tokens = {i: t for t, i in mapping.items()}
-    if sorted(tokens) != list(range(len(mapping))):
-        raise NmtError(f"{path}: its ids are not 0 to {len(mapping) - 1}, each once")
-    return [tokens[i] for i in range(len(tokens))]
-
-
+    return tokens_by_id(mapping, path)
 
 
 def _id(config: dict[str, Any], key: str, size: int, source: Path) -> int:
@@ -89,8 +82,6 @@ def _id(config: dict[str, Any], key: str, size: int, source: Path) -> int:
     if not isinstance(value, int) or not 0 <= value < size:
         raise NmtError(f"{source / 'config.json'}: {key} {value!r} is not an id of its {size:,}-token vocabulary")
     return value
-
-
 
 
 def transformers_config(config: dict[str, Any], source: Path) -> ModelConfig:

@@ -171,6 +171,9 @@ def craft(checkpoint: dict, damage: str) -> dict:
         return {**checkpoint, "model_config": {**checkpoint["model_config"], "max_positions": 2**31}}
     elif damage == "vocabulary":
         return {**checkpoint, "tgt_vocab": 42}
+    elif damage in ("release search", "release tokens"):  # what `nmt import` keeps of a release
+        search, never = ({"beem": 4}, []) if damage == "release search" else ({}, ["zzz"])
+        return {**checkpoint, "released": {"search": search, "never_output": never, "origin": None}}
     return {**checkpoint, "model": weights}
 
 
@@ -183,6 +186,8 @@ def craft(checkpoint: dict, damage: str) -> dict:
     ("nan", "tensor decoder_layers.0.ffn.w1.weight holds NaN or infinite values"),
     ("positions", "damaged checkpoint: max_positions=2147483648: must be <= 65536"),
     ("vocabulary", "damaged checkpoint: tgt_vocab is not a vocabulary"),
+    ("release search", "damaged checkpoint: SearchConfig.__init__() got an unexpected keyword argument 'beem'"),
+    ("release tokens", "damaged checkpoint: released.never_output names 'zzz', which the target vocabulary lacks"),
 ])
 def test_a_crafted_checkpoint_is_refused_on_load_naming_what_is_wrong(tmp_path, fmt, damage, message):
     good = ckpt.load(tiny_checkpoint(tmp_path / "m.pt"))
