@@ -262,9 +262,10 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
                                "translation, not with --score-reference (--lenpen and --lenpen-form set its scores' "
                                "penalty)")
     if config.attention_plot is not None:
-        from nmt_cli.plot import pyplot
+        from nmt_cli.plot import plot_directory, pyplot
 
         pyplot()  # fail before translating anything when matplotlib is missing
+        plot_directory(config.attention_plot)
     translate_file(list(models), input_path, output_path, config,
                    given_flags() & set(SearchConfig.__dataclass_fields__))
 

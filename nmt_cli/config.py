@@ -354,10 +354,17 @@ class ServeConfig(Options):
     max_hypotheses: int = knob(8192, "Most sentences x beam in one request.", min=1)
     max_output_tokens: int = knob(256, "Most output tokens of a sentence: every search stops there, and a request "
                                    "may not ask for a larger max_len_b.", min=1)
+    max_source_tokens: int = knob(50000, "Most source tokens (after subword segmentation) in one request.", min=1)
+    max_connections: int = knob(512, "Most connections open at once (kept below the open-file limit); the next "
+                                "are answered 503.", min=1)
+    read_timeout: float = knob(10.0, "Seconds a client has to send a whole request, from connecting or from its last "
+                               "answer; then its connection is closed (408 if a request had begun).", min=0.0,
+                               exclusive_min=True, max=3600.0)
     batch_window_ms: float = knob(5.0, "How long a request waits for others to be translated with it.", min=0.0,
                                    max=10000.0)
-    batch_words: int = knob(8000, "Most source words (split at spaces) translated together.", min=1)
-    max_tokens: int = knob(TranslateConfig.max_tokens, "Source tokens per search batch.", min=1)
+    max_tokens: int = knob(2048, "Source tokens per search (padding included): a request with more is cut into "
+                                 "several, and waiting requests take turns, so none waits for more than about "
+                                 "one search.", min=1)
     drain_seconds: int = knob(30, "On SIGTERM, how long the requests in flight may take to finish; those that "
                                "cannot are answered 503.", min=0, max=3600)
     device: str = _device_knob()

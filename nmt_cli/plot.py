@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nmt_cli.errors import NmtError
-from nmt_cli.files import destination, reason, replacing
+from nmt_cli.files import destination, reason, replacing, temporary
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "encoder-decoder attention"}
@@ -42,7 +42,6 @@ def attention_maps(weights: dict[str, list[torch.Tensor]], src_tokens: list[str]
     decoder keys the inputs the decoder saw (<s> then all but the last output token).
     """
     plt = pyplot()
-    out_dir.mkdir(parents=True, exist_ok=True)
     tgt_inputs = ["<s>"] + tgt_tokens[:-1]
     axes_labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_tokens, tgt_inputs),
                    "cross": (tgt_tokens, src_tokens)}
@@ -72,6 +71,18 @@ def attention_maps(weights: dict[str, list[torch.Tensor]], src_tokens: list[str]
             save_figure(fig, path)
             written.append(path)
     return written
+
+
+def plot_directory(path: Path) -> None:
+    """Make the --attention-plot directory and write in it once: a directory that cannot hold the
+    plots is refused in one line before anything is translated."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = temporary(path / "probe")
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise NmtError(f"--attention-plot {path}: cannot write the plots there ({reason(e)})") from None
 
 
 def _grid(n: int) -> tuple[int, int]:

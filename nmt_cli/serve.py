@@ -6,31 +6,29 @@
     GET /health      -> {"status": "ok", "requests": R, "searches": S}
     GET /config      -> the model's architecture, text settings and vocabulary sizes
 
-Requests that arrive together are translated together: a batcher thread takes the first waiting
-request, waits up to --batch-window-ms for more with the same search options, up to
---batch-words source words, and translates them in one call (translator.py), so throughput under
-concurrency approaches `nmt translate` on a file. A bad request, or one that asks more than the
-server's --max-* limits, gets a 4xx with a one-line reason, and the server keeps serving. SIGTERM
-(or Ctrl-C) gives the requests in flight --drain-seconds to finish, answers 503 to the rest, and
+Requests that arrive together are translated together (batcher.py): those with the same search
+options share a search of up to --max-tokens source tokens, a larger request is cut into several,
+and waiting requests take turns, so throughput under concurrency approaches `nmt translate` on a
+file while a small request waits about one search. A bad request, or one that asks more than the
+server's --max-* limits, gets a 4xx with a one-line reason, and the server keeps serving; a client
+that holds a connection without sending a request is cut off (connections.py). SIGTERM (or
+Ctrl-C) gives the requests in flight --drain-seconds to finish, answers 503 to the rest, and
 stops on time.
 """
 
 import asyncio
 import json
-import queue
+import signal
 import socket
+import sys
 import threading
-import time
-from collections import deque
-from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from typing import Any
 
+from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
-from nmt_cli.records import translations_record
-from nmt_cli.search import SearchInterrupted
 from nmt_cli.translator import Translator, model_search
 
 OPTIONS = ("beam", "nbest", "lenpen", "max_len_a", "max_len_b")
@@ -40,13 +38,6 @@ class BadRequest(ValueError):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
-
-
-@dataclass
-class Job:
-    search: SearchConfig
-    lines: list[str]
-    done: Future = field(default_factory=Future)
 
 
 def parse(body: Any, config: ServeConfig, defaults: SearchConfig = SearchConfig()) -> tuple[SearchConfig, list[str]]:
@@ -94,96 +85,13 @@ def check_cost(search: SearchConfig, sentences: int, config: ServeConfig) -> Non
                               f"--max-hypotheses {config.max_hypotheses}")
 
 
-class ShuttingDown(Exception):
-    """The server stopped translating (SIGTERM) before it could answer."""
-
-
-DRAIN_MARGIN_SECONDS = 0.5  # of --drain-seconds, to answer before uvicorn ends the connections
-
-
-class Batcher:
-    """One thread translating the waiting requests, those with the same search options together.
-    Draining (SIGTERM), it goes on until a deadline, then stops its search and answers the rest
-    with ShuttingDown."""
-
-    def __init__(self, translator: Translator, config: ServeConfig) -> None:
-        self.translator, self.config = translator, config
-        self.queue: queue.Queue[Job | None] = queue.Queue()
-        self.held: deque[Job | None] = deque()  # taken from the queue, waiting for their options' turn
-        self.requests = self.searches = 0
-        self.deadline: float | None = None
-        self.thread = threading.Thread(target=self._loop, name="nmt-batcher", daemon=True)
-        self.thread.start()
-
-    def submit(self, search: SearchConfig, lines: list[str]) -> Future:
-        job = Job(search, lines)
-        self.requests += 1
-        self.queue.put(job)
-        return job.done
-
-    def drain(self, seconds: float) -> None:
-        """Translate what is waiting for at most `seconds` (less a margin); then answer ShuttingDown."""
-        self.deadline = time.monotonic() + max(0.0, seconds - DRAIN_MARGIN_SECONDS)
-        self.translator.generator.models.deadline = self.deadline  # a search stops there
-
-    def close(self) -> None:
-        self.queue.put(None)
-        wait = None if self.deadline is None else max(0.0, self.deadline - time.monotonic()) + 1.0
-        self.thread.join(wait)  # a daemon: a search stuck in one long step does not hold the exit
-
-    def _loop(self) -> None:
-        while (first := self.held.popleft() if self.held else self.queue.get()) is not None:
-            group = [job for job in [first, *self._gather(first)] if job.done.set_running_or_notify_cancel()]
-            if not group:
-                continue
-            try:
-                if self.deadline is not None and time.monotonic() >= self.deadline:
-                    raise ShuttingDown
-                records = self.translate([line for job in group for line in job.lines], first.search)
-            except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
-                error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
-                for job in group:
-                    job.done.set_exception(error)
-                continue
-            self.searches += 1
-            start = 0
-            for job in group:
-                job.done.set_result(records[start:start + len(job.lines)])
-                start += len(job.lines)
-
-    def translate(self, lines: list[str], search: SearchConfig) -> list[dict[str, Any]]:
-        """The JSON record of each line's translations."""
-        _, found = self.translator.search(lines, search)
-        return [translations_record(k + 1, [self.translator.translation(h) for h in hyps])
-                for k, hyps in enumerate(found)]
-
-    def _gather(self, first: Job) -> list[Job]:
-        """The requests with `first`'s options that arrive within the window, up to --batch-words."""
-        group: list[Job] = []
-        words = sum(len(line.split()) for line in first.lines)
-        deadline = time.monotonic() + self.config.batch_window_ms / 1000
-        while words < self.config.batch_words and (wait := deadline - time.monotonic()) > 0:
-            try:
-                job = self.queue.get(timeout=wait)
-            except queue.Empty:
-                break
-            if job is None or job.search != first.search:
-                self.held.append(job)  # None too: the loop ends after the held jobs
-                if job is None:
-                    break
-                continue
-            group.append(job)
-            words += sum(len(line.split()) for line in job.lines)
-        return group
-
-
 def create_app(translator: Translator, config: ServeConfig, batcher: Batcher) -> Any:
     """The FastAPI application of `nmt serve`."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
     from starlette.requests import ClientDisconnect
 
-    app = FastAPI(title="nmt-cli", on_shutdown=[batcher.close])
+    app = FastAPI(title="nmt-cli")
     model = translator.bundle
 
     @app.post("/translate")
@@ -197,6 +105,8 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher) ->
             return Response(status_code=499)  # nobody to answer
         except BadRequest as e:
             return JSONResponse({"error": str(e)}, status_code=e.status)
+        except RequestTooLarge as e:
+            return JSONResponse({"error": str(e)}, status_code=413)
         except NmtError as e:
             return JSONResponse({"error": str(e)}, status_code=422)
         except ShuttingDown:
@@ -251,23 +161,43 @@ def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
         import uvicorn
     except ImportError:
         raise NmtError("nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'") from None
+    from nmt_cli.connections import connection_cap, guarded_http, log_loop_error, log_once
+
     check_address(config.host, config.port)
+    connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
     translator = Translator(bundles, TranslateConfig(max_tokens=config.max_tokens,
                                                      search=model_search(bundles[0], {})), device, dtype)
     batcher = Batcher(translator, config)
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if batcher.deadline is None:
-                batcher.drain(config.drain_seconds)
-            super().handle_exit(sig, frame)
+        async def startup(self, sockets: Any = None) -> None:
+            asyncio.get_running_loop().set_exception_handler(log_loop_error)
+            await super().startup(sockets)
 
-    app = create_app(translator, config, batcher)
+    server = Server(uvicorn.Config(create_app(translator, config, batcher), host=config.host, port=config.port,
+                                   log_level="warning", timeout_graceful_shutdown=config.drain_seconds,
+                                   http=guarded_http(connections, config.read_timeout)))
+
+    def stop(sig: int, frame: Any) -> None:
+        """SIGTERM or Ctrl-C: drain, then stop (a second Ctrl-C: stop now)."""
+        if batcher.deadline is None:
+            batcher.drain(config.drain_seconds)
+        server.handle_exit(sig, frame)
+
+    def listen() -> None:
+        try:
+            server.run()
+        finally:
+            batcher.close()  # once the connections are answered, or when uvicorn could not start
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    log_once()
     print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')})",
           flush=True)
-    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                   timeout_graceful_shutdown=config.drain_seconds))
-    try:
-        server.run()
-    except KeyboardInterrupt:  # the signal that stopped it, raised again once it has shut down
-        pass
+    web = threading.Thread(target=listen, name="nmt-http", daemon=True)
+    web.start()
+    batcher.run()  # on this thread, which loaded the model
+    web.join()
+    if not server.started:
+        raise NmtError(f"{config.host}:{config.port}: the server could not start (the line above says why)")

@@ -132,10 +132,24 @@ class Translator:
         from `config.seed` (a seed given for one call repeats its samples)."""
         if prefixes is not None and len(prefixes) != len(lines):
             raise ValueError(f"{len(lines)} lines but {len(prefixes)} prefixes")
-        sources = [self.pipeline.source_ids(line, first_number + k) for k, line in enumerate(lines)]
+        sources = [self.source_ids(line, first_number + k) for k, line in enumerate(lines)]
         forced = None if prefixes is None else [self.pipeline.target_ids(prefix, first_number + k)
                                                 for k, prefix in enumerate(prefixes)]
-        return sources, self.generator.search(sources, config, forced, reseed)
+        return sources, self.search_ids(sources, config, forced, reseed)
+
+    def source_ids(self, line: str, number: int = 1) -> list[int]:
+        """The token ids of a source line (`number`: its number in warnings)."""
+        return self.pipeline.source_ids(line, number)
+
+    def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
+                   reseed: bool = False) -> list[list[Hypothesis]]:
+        """The hypotheses of sources given as token ids (`source_ids`), as `search` finds them."""
+        return self.generator.search(sources, config, forced, reseed)
+
+    def stop_searches_at(self, deadline: float | None) -> None:
+        """Searches raise SearchInterrupted at their next step once time.monotonic() passes
+        `deadline` (a draining server); None: never."""
+        self.generator.models.deadline = deadline
 
     def translation(self, hypothesis: Hypothesis) -> Translation:
         return Translation(self.pipeline.text(hypothesis.tokens), self.pipeline.tokens(hypothesis.tokens),

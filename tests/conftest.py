@@ -288,8 +288,10 @@ def request(url: str, body: object = None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def serving(tmp_path: Path, *options, model: Path | None = None, device: str = "cpu"):
-    """`nmt serve` of `model` (default: an untrained tiny one) on a free port, once it answers."""
+def serving(tmp_path: Path, *options, model: Path | None = None, device: str = "cpu", files: int | None = None):
+    """`nmt serve` of `model` (default: an untrained tiny one) on a free port, once it answers;
+    `files`: its open-file limit (soft and hard)."""
+    import resource
     import subprocess
     import sys
     import time
@@ -299,7 +301,9 @@ def serving(tmp_path: Path, *options, model: Path | None = None, device: str = "
     log = tmp_path / "serve.log"  # a file, not a pipe nobody reads
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
-                                    "--device", device, "--threads", "1", *map(str, options)], stdout=out, stderr=out)
+                                    "--device", device, "--threads", "1", *map(str, options)], stdout=out, stderr=out,
+                                    preexec_fn=files and (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                                     (files, files))))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

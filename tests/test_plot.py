@@ -90,6 +90,16 @@ def test_layers_and_heads_selection(tmp_path):
     assert result.exit_code == 1 and "--layers 3: the model has 1 layers" in result.output
 
 
+def test_a_plot_directory_that_cannot_be_written_is_refused_before_translating(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(main, ["translate", "-m", str(model), "-o", str(tmp_path / "out.txt"),
+                                       "--attention-plot", str(tmp_path / "file/att")], input="a b\n")
+    assert result.exit_code == 1 and not (tmp_path / "out.txt").exists()
+    assert result.output.strip() == f"Error: --attention-plot {tmp_path}/file/att: cannot write the plots there " \
+                                    "(Not a directory)"
+
+
 def test_jsonl_carries_cross_attention(tmp_path):
     model = tiny_checkpoint(tmp_path / "m.pt", seed=2)
     result = CliRunner().invoke(main, ["translate", "-m", str(model), "--format", "jsonl", "--attention"],

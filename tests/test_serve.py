@@ -25,7 +25,7 @@ LINES = ["a b c d", "p o n m l k", "", "e", "f g h i j k l m n o p a b c", "c c 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model, url, process = serving(tmp_path_factory.mktemp("serve"), "--batch-window-ms", 200, "--max-sentences", 20,
-                                "--max-hypotheses", 300)
+                                "--max-hypotheses", 300, "--max-source-tokens", 40)
     yield model, url
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
@@ -66,6 +66,8 @@ def test_concurrent_requests_are_batched_and_answered_as_translate_does(server):
     ({"text": ["a"], "beam": 17}, 400, "beam 17: more than the server's --max-beam 16"),
     ({"text": ["a"], "max_len_b": 1000}, 400, "max_len_b 1000: more than the server's --max-output-tokens 256"),
     ({"text": ["a"] * 20, "beam": 16}, 413, "20 sentences x beam 16: more than the server's --max-hypotheses 300"),
+    ({"text": ["a b c d e f g h i j"] * 5}, 413, "sentences 1 to 5 come to 50 source tokens, more than the "
+                                               "server's --max-source-tokens 40"),
     ({"text": ["a"], "max_len_b": 10**30}, 400, "max_len_b=1000000000000000000000000000000: must be <="),
     (b'{"text": ["a"], "lenpen": NaN}', 400, "lenpen=nan: must be a finite number"),
     (b'{"text": ["a"], "max_len_a": Infinity}', 400, "max_len_a=inf: must be a finite number"),

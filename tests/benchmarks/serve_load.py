@@ -41,13 +41,14 @@ def post(url: str, lines: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start_server(args: argparse.Namespace, *options: str) -> tuple[subprocess.Popen, str]:
+    """`nmt serve` of args.model with `options` on a free port, once it answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(args.model), "--port", str(port),
                                 "--device", "cpu", "--threads", str(args.threads),
-                                "--batch-window-ms", str(args.batch_window_ms)], stdout=subprocess.DEVNULL)
+                                "--batch-window-ms", str(args.batch_window_ms), *options], stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

@@ -1,0 +1,185 @@
+"""The translation thread of `nmt serve`. A request's sentences are made token ids as it arrives
+(one encoder thread; refused past --max-source-tokens), then translated in searches of one batch
+(--max-tokens source tokens, padding included): requests with the same search options share a search, and a request
+with more tokens than a search is cut into several. Waiting requests take turns, a request cut
+short going to the back of the line, so that a small request waits about one search, not for the
+whole of a large one that came first.
+"""
+
+import queue
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.records import translations_record
+from nmt_cli.search import SearchInterrupted
+from nmt_cli.translator import Translator
+
+DRAIN_MARGIN_SECONDS = 0.5  # of --drain-seconds, to answer before uvicorn ends the connections
+
+
+class RequestTooLarge(ValueError):
+    """A request with more source tokens than the server allows."""
+
+
+class ShuttingDown(Exception):
+    """The server stopped translating (SIGTERM) before it could answer."""
+
+
+@dataclass
+class Job:
+    """A request: its search options and sentences, their token ids, which are left to translate
+    (shortest first: a request cut into searches is cut as one search would batch it, by length),
+    and the records of those translated."""
+
+    search: SearchConfig
+    lines: list[str]
+    sources: list[list[int]] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    done: Future = field(default_factory=Future)
+
+    @property
+    def left(self) -> list[list[int]]:
+        """The token ids of the sentences not yet translated, in the order they will be."""
+        return [self.sources[k] for k in self.order]
+
+
+class Batcher:
+    """Translates the waiting requests (`submit`) on the thread that calls `run`: the thread that
+    loaded the model, since PyTorch's CPU threads are slower for any other (1.4x in
+    tests/benchmarks/serve_fairness.py). Draining (SIGTERM), it goes on until a deadline, then stops
+    its search and answers the rest with ShuttingDown."""
+
+    def __init__(self, translator: Translator, config: ServeConfig) -> None:
+        self.translator, self.config = translator, config
+        self.encoder = ThreadPoolExecutor(1, thread_name_prefix="nmt-encoder")
+        self.queue: queue.Queue[Job | None] = queue.Queue()
+        self.waiting: deque[Job] = deque()  # in turn order: a request cut short goes to the back
+        self.closed = False
+        self.requests = self.searches = 0
+        self.deadline: float | None = None
+
+    def submit(self, search: SearchConfig, lines: list[str]) -> Future:
+        """A future of the record of each line's translations; failed with RequestTooLarge,
+        ShuttingDown, or what the search raised."""
+        job = Job(search, lines)
+        self.requests += 1
+        self.encoder.submit(self._encode, job)
+        return job.done
+
+    def drain(self, seconds: float) -> None:
+        """Translate what is waiting for at most `seconds` (less a margin); then answer ShuttingDown."""
+        self.deadline = time.monotonic() + max(0.0, seconds - DRAIN_MARGIN_SECONDS)
+        self.translator.stop_searches_at(self.deadline)
+
+    def close(self) -> None:
+        """`run` returns once the requests that came have their answers."""
+        self.encoder.shutdown(wait=True)  # each encoding is bounded: every request reaches the queue
+        self.queue.put(None)
+
+    def _encode(self, job: Job) -> None:
+        """Make the request's sentences token ids and queue it, or fail it (too many tokens, draining)."""
+        if not job.done.set_running_or_notify_cancel():
+            return  # its client has gone
+        limit, tokens = self.config.max_source_tokens, 0
+        try:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise ShuttingDown
+            for number, line in enumerate(job.lines, start=1):
+                job.sources.append(ids := self.translator.source_ids(line, number))
+                tokens += len(ids)
+                if tokens > limit:
+                    raise RequestTooLarge(f"sentences 1 to {number} come to {tokens} source tokens, more than the "
+                                          f"server's --max-source-tokens {limit}")
+        except Exception as e:  # noqa: BLE001 (the request fails, the server keeps serving)
+            job.done.set_exception(e)
+            return
+        job.order = sorted(range(len(job.sources)), key=lambda k: len(job.sources[k]))
+        if job.sources:
+            self.queue.put(job)
+        else:
+            job.done.set_result([])  # nothing to translate
+
+    def run(self) -> None:
+        """Translate the requests as they come, until `close`."""
+        while True:
+            self._take(timeout=0 if self.waiting or self.closed else None)
+            if not self.waiting:
+                if self.closed:
+                    return
+                continue
+            self._gather(self.waiting[0])
+            self._run(self._next_search())
+
+    def _take(self, timeout: float | None) -> None:
+        """Move the requests that arrived to the line, waiting up to `timeout` (None: until one comes)."""
+        try:
+            job = self.queue.get(timeout=timeout)
+            while True:
+                if job is None:
+                    self.closed = True
+                else:
+                    self.waiting.append(job)
+                job = self.queue.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _gather(self, first: Job) -> None:
+        """Wait up to --batch-window-ms for requests to share `first`'s search while it has room."""
+        deadline = time.monotonic() + self.config.batch_window_ms / 1000
+        while not self.closed and (wait := deadline - time.monotonic()) > 0 and sum(
+                tokens(job) for job in self.waiting if job.search == first.search) < self.config.max_tokens:
+            self._take(wait)
+
+    def _next_search(self) -> list[tuple[Job, int]]:
+        """The next search, as (request, how many of its sentences left): a sentence of the first in
+        line, whatever its length; then those of the requests with its options, fewest tokens left
+        first, and more of the first, while they make one batch of the search (--max-tokens, padding
+        and </s> included, as generator.batches counts)."""
+        first = self.waiting[0]
+        jobs = [first, *sorted((job for job in self.waiting if job is not first and job.search == first.search),
+                               key=tokens)]
+        counts = [1] + [0] * (len(jobs) - 1)
+        size, width = 1, len(first.left[0]) + 1
+        for k in [*range(1, len(jobs)), 0]:
+            for ids in jobs[k].left[counts[k]:]:
+                if (size + 1) * max(width, len(ids) + 1) > self.config.max_tokens:
+                    break
+                size, width, counts[k] = size + 1, max(width, len(ids) + 1), counts[k] + 1
+        return [(job, count) for job, count in zip(jobs, counts) if count]
+
+    def _run(self, taken: list[tuple[Job, int]]) -> None:
+        """Search `taken`'s sentences; a request translated whole is answered, one cut short goes to
+        the back of the line, and if the search fails, every request in it fails."""
+        for job, _ in taken:
+            self.waiting.remove(job)
+        try:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise ShuttingDown
+            found = self.translator.search_ids([ids for job, count in taken for ids in job.left[:count]],
+                                               taken[0][0].search)
+        except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
+            error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
+            for job, _ in taken:
+                job.done.set_exception(error)
+            return
+        self.searches += 1
+        self._take(timeout=0)  # those that came during the search go before a request cut short
+        hypotheses = iter(found)
+        for job, count in taken:
+            for k in job.order[:count]:
+                job.records[k] = translations_record(k + 1, [self.translator.translation(h) for h in next(hypotheses)])
+            del job.order[:count]
+            if job.order:
+                self.waiting.append(job)
+            else:
+                job.done.set_result([job.records[k] for k in range(len(job.lines))])
+
+
+def tokens(job: Job) -> int:
+    """The source tokens of a request not yet translated."""
+    return sum(map(len, job.left))

@@ -1,0 +1,140 @@
+"""The server's translation thread (batcher.py) with a stand-in translator whose searches are
+written down: a request larger than a search's batch (--max-tokens) is cut into searches, by
+length; a small request that comes after a large one waits one search; requests with the same
+options share one; a request past --max-source-tokens is refused; a draining batcher answers
+ShuttingDown. With the real translator, the cut answers are those of one search."""
+
+import threading
+import time
+
+import pytest
+import torch
+from conftest import tiny_checkpoint
+
+from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
+from nmt_cli.checkpoint import load_bundle
+from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.records import Translation
+from nmt_cli.search import SearchInterrupted
+from nmt_cli.translator import Translator
+
+
+class Recorder:
+    """A translator whose source ids are a line's words as numbers, whose search copies each source
+    and writes down the sentences it was given; each search waits for `gate` when one is set."""
+
+    def __init__(self) -> None:
+        self.searches: list[list[str]] = []
+        self.gate: threading.Event | None = None
+        self.started = threading.Event()
+        self.deadline: float | None = None
+
+    def source_ids(self, line: str, number: int = 1) -> list[int]:
+        return [int(word) for word in line.split()]
+
+    def search_ids(self, sources: list[list[int]], config: SearchConfig) -> list[list[list[int]]]:
+        self.searches.append([" ".join(map(str, ids)) for ids in sources])
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise SearchInterrupted("stopped")
+        return [[ids] for ids in sources]
+
+    def translation(self, ids: list[int]) -> Translation:
+        return Translation(" ".join(map(str, ids)), [], 0.0, 0.0)
+
+    def stop_searches_at(self, deadline: float | None) -> None:
+        self.deadline = deadline
+
+
+def batcher(translator, **options) -> Batcher:
+    """A batcher running on a thread of its own."""
+    serving = Batcher(translator, ServeConfig(**{"batch_window_ms": 0.0, **options}))
+    serving.thread = threading.Thread(target=serving.run, daemon=True)
+    serving.thread.start()
+    return serving
+
+
+def texts(future) -> list[str]:
+    return [record["translation"] for record in future.result(timeout=10)]
+
+
+def test_a_large_request_is_cut_into_searches_of_max_tokens_in_order():
+    recorder = Recorder()
+    lines = [" ".join([str(k)] * 3) for k in range(10)]  # 3 tokens and </s>: 2 x 4 in a search of 8
+    answer = batcher(recorder, max_tokens=8).submit(SearchConfig(), lines)
+    assert texts(answer) == lines
+    assert [len(search) for search in recorder.searches] == [2, 2, 2, 2, 2]
+    assert [line for search in recorder.searches for line in search] == lines
+
+
+def test_a_request_is_cut_shortest_sentences_first_and_answered_in_order():
+    recorder = Recorder()
+    lines = ["1 2 3 4 5 6 7 8 9", "1", "2 3 4", "5", "6 7"]
+    assert texts(batcher(recorder, max_tokens=8).submit(SearchConfig(), lines)) == lines
+    assert recorder.searches == [["1", "5"], ["6 7", "2 3 4"], ["1 2 3 4 5 6 7 8 9"]]  # 2 x 2, 2 x 4, 1 x 10
+
+
+def test_a_small_request_waits_one_search_not_a_whole_large_one():
+    recorder = Recorder()
+    recorder.gate = threading.Event()
+    serving = batcher(recorder, max_tokens=5)
+    large = serving.submit(SearchConfig(), [f"{k} {k} {k} {k}" for k in range(1, 6)])  # five searches
+    assert recorder.started.wait(10)
+    small = serving.submit(SearchConfig(beam=2), ["9"])  # other options: a search of its own
+    time.sleep(0.2)  # both queued before the first search ends
+    recorder.gate.set()
+    assert texts(small) == ["9"] and texts(large)[-1] == "5 5 5 5"
+    assert recorder.searches[1] == ["9"]  # right after the large request's first search
+    assert len(recorder.searches) == 6
+
+
+def test_requests_with_the_same_options_share_a_search_small_ones_first():
+    recorder = Recorder()
+    recorder.gate = threading.Event()
+    serving = batcher(recorder, max_tokens=8)
+    first = serving.submit(SearchConfig(), ["1"])
+    assert recorder.started.wait(10)
+    large = serving.submit(SearchConfig(), ["2 2 2", "3 3 3", "4 4 4"])
+    small = serving.submit(SearchConfig(), ["5"])
+    time.sleep(0.2)
+    recorder.gate.set()
+    assert texts(first) == ["1"] and texts(small) == ["5"] and texts(large) == ["2 2 2", "3 3 3", "4 4 4"]
+    assert recorder.searches == [["1"], ["2 2 2", "5"], ["3 3 3", "4 4 4"]]
+
+
+def test_a_request_past_max_source_tokens_is_refused_and_the_next_served():
+    serving = batcher(Recorder(), max_source_tokens=5)
+    with pytest.raises(RequestTooLarge, match="sentences 1 to 2 come to 6 source tokens, more than the server's "
+                                              "--max-source-tokens 5"):
+        serving.submit(SearchConfig(), ["1 2 3", "4 5 6", "7"]).result(timeout=10)
+    assert texts(serving.submit(SearchConfig(), ["1 2 3 4 5"])) == ["1 2 3 4 5"]
+    assert serving.submit(SearchConfig(), []).result(timeout=10) == []
+
+
+def test_draining_answers_shutting_down_past_its_deadline():
+    recorder = Recorder()
+    recorder.gate = threading.Event()
+    serving = batcher(recorder, max_tokens=1)
+    cut = serving.submit(SearchConfig(), ["1", "2", "3"])
+    assert recorder.started.wait(10)
+    serving.drain(0.0)
+    late = serving.submit(SearchConfig(), ["4"])
+    recorder.gate.set()
+    for future in (cut, late):
+        with pytest.raises(ShuttingDown):
+            future.result(timeout=10)
+    serving.close()
+    serving.thread.join(10)
+    assert not serving.thread.is_alive()
+
+
+def test_cut_searches_give_the_translations_of_one(tmp_path):
+    bundle = load_bundle(tiny_checkpoint(tmp_path / "m.pt", seed=3))
+    translator = Translator([bundle], TranslateConfig(), torch.device("cpu"))
+    lines = ["a b c d", "p o n m l k", "", "e", "f g h i j k l m n o p a b c", "c c c", "h a", "b b a a"]
+    search = SearchConfig(beam=3, max_len_b=5)
+    records = batcher(translator, max_tokens=6).submit(search, lines).result(timeout=60)
+    assert [r["translation"] for r in records] == translator.translate(lines, beam=3, max_len_b=5)
+    assert [r["line"] for r in records] == list(range(1, len(lines) + 1))
