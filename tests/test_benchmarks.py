@@ -100,6 +100,15 @@ def test_serve_load(tmp_path):
     assert all(level["sentences_per_s"] > 0 and level["p99_ms"] >= level["p50_ms"] > 0 for level in levels)
 
 
+def test_serve_fairness(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"] * 20)
+    (result,) = run("serve_fairness.py", "-m", model, "-i", source, "--large", 40, "--max-tokens", 30, "--delay", 0,
+                    "--repeats", 1, "--threads", 1)
+    assert result["searches_per_large_request"] >= 4  # 40 sentences, a search holding 6 of the longest
+    assert result["small_alone_ms"] > 0 and result["small_behind_large_ms_worst"] > 0 and result["large_ms_median"] > 0
+
+
 def test_ctranslate2_decode_speed(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -131,7 +140,7 @@ def test_import_exactness(tmp_path, multi30k):
     for layout in ("en-mg", "tc-big-like"):
         assert result[layout]["ids_equal"] == result[layout]["greedy_equal"] == 20
         assert result[layout]["max_logit_difference"] < 1e-4
-    assert result["beam_lines"] == 10 and result["beam_equal"] >= 0
+    assert result["beam_lines"] == 10 and result["beam_equal"] >= 9  # one may end at the length limit (PERFORMANCE.md)
 
 
 def test_translate_startup(tmp_path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import time
 import urllib.request
@@ -20,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common import SHARED
-from serve_load import post, start_server
+from serve_load import post, serving
 
 
 def searches(url: str) -> int:
@@ -40,8 +39,7 @@ def main() -> None:
     args.batch_window_ms = 5.0
     lines = args.input.read_text(encoding="utf-8").splitlines()
     large, small = lines[:args.large], [lines[-1]]
-    process, url = start_server(args, *([] if args.max_tokens is None else ["--max-tokens", str(args.max_tokens)]))
-    try:
+    with serving(args, *([] if args.max_tokens is None else ["--max-tokens", str(args.max_tokens)])) as url:
         alone = statistics.median(post(url + "/translate", small) for _ in range(args.repeats))
         large_s, small_s, cuts = [], [], []
         with ThreadPoolExecutor(2) as pool:
@@ -61,9 +59,6 @@ def main() -> None:
             "large_ms_median": round(1000 * statistics.median(large_s), 1),
             "searches_per_large_request": statistics.median(cuts),
         }), flush=True)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
 
 
 if __name__ == "__main__":

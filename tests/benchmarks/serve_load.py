@@ -12,6 +12,7 @@ it stops after the requests. Server and clients share the machine's cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import socket
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,8 +43,9 @@ def post(url: str, lines: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def start_server(args: argparse.Namespace, *options: str) -> tuple[subprocess.Popen, str]:
-    """`nmt serve` of args.model with `options` on a free port, once it answers."""
+@contextlib.contextmanager
+def serving(args: argparse.Namespace, *options: str) -> Iterator[str]:
+    """`nmt serve` of args.model with `options` on a free port: its URL, until the block ends."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -50,14 +53,19 @@ def start_server(args: argparse.Namespace, *options: str) -> tuple[subprocess.Po
                                 "--device", "cpu", "--threads", str(args.threads),
                                 "--batch-window-ms", str(args.batch_window_ms), *options], stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=5)
-            return process, url
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise SystemExit("nmt serve did not start")
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise SystemExit("nmt serve did not start")
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
 
 
 def main() -> None:
@@ -80,8 +88,7 @@ def main() -> None:
     file_rate = args.requests * args.sentences / (time.perf_counter() - start)
     del translator
     torch.set_num_threads(1)  # the clients need little; the server has its own threads
-    process, url = start_server(args)
-    try:
+    with serving(args) as url:
         for clients in args.clients:
             before = json.loads(urllib.request.urlopen(url + "/health").read())
             start = time.perf_counter()
@@ -99,9 +106,6 @@ def main() -> None:
                 "searches_per_request": round((after["searches"] - before["searches"]) / args.requests, 3),
                 "translate_sentences_per_s": round(file_rate, 1), "ratio_to_translate": round(rate / file_rate, 3),
             }), flush=True)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
 
 
 if __name__ == "__main__":
