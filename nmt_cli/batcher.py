@@ -9,12 +9,12 @@ whole of a large one that came first.
 import queue
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from nmt_cli.config import SearchConfig, ServeConfig
-from nmt_cli.records import translations_record
+from nmt_cli.records import Translation
 from nmt_cli.search import SearchInterrupted
 from nmt_cli.translator import Translator
 
@@ -33,13 +33,13 @@ class ShuttingDown(Exception):
 class Job:
     """A request: its search options and sentences, their token ids, which are left to translate
     (shortest first: a request cut into searches is cut as one search would batch it, by length),
-    and the records of those translated."""
+    and the translations of those translated."""
 
     search: SearchConfig
     lines: list[str]
     sources: list[list[int]] = field(default_factory=list)
     order: list[int] = field(default_factory=list)
-    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    found: dict[int, list[Translation]] = field(default_factory=dict)
     done: Future = field(default_factory=Future)
 
     @property
@@ -54,8 +54,9 @@ class Batcher:
     tests/benchmarks/serve_fairness.py). Draining (SIGTERM), it goes on until a deadline, then stops
     its search and answers the rest with ShuttingDown."""
 
-    def __init__(self, translator: Translator, config: ServeConfig) -> None:
-        self.translator, self.config = translator, config
+    def __init__(self, translator: Translator, config: ServeConfig,
+                 searched: Callable[[int, int, int], None] = lambda sentences, source, target: None) -> None:
+        self.translator, self.config, self.searched = translator, config, searched
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="nmt-encoder")
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.waiting: deque[Job] = deque()  # in turn order: a request cut short goes to the back
@@ -64,12 +65,16 @@ class Batcher:
         self.deadline: float | None = None
 
     def submit(self, search: SearchConfig, lines: list[str]) -> Future:
-        """A future of the record of each line's translations; failed with RequestTooLarge,
-        ShuttingDown, or what the search raised."""
+        """A future of each line's translations, best first (none for an empty line); failed with
+        RequestTooLarge, ShuttingDown, or what the search raised."""
         job = Job(search, lines)
         self.requests += 1
         self.encoder.submit(self._encode, job)
         return job.done
+
+    def waiting_requests(self) -> int:
+        """Requests made token ids and waiting for their searches (or the rest of them)."""
+        return len(self.waiting) + self.queue.qsize()
 
     def drain(self, seconds: float) -> None:
         """Translate what is waiting for at most `seconds` (less a margin); then answer ShuttingDown."""
@@ -168,16 +173,18 @@ class Batcher:
                 job.done.set_exception(error)
             return
         self.searches += 1
+        self.searched(len(found), sum(len(ids) for job, count in taken for ids in job.left[:count]),
+                      sum(len(hyps[0].tokens) for hyps in found if hyps))
         self._take(timeout=0)  # those that came during the search go before a request cut short
         hypotheses = iter(found)
         for job, count in taken:
             for k in job.order[:count]:
-                job.records[k] = translations_record(k + 1, [self.translator.translation(h) for h in next(hypotheses)])
+                job.found[k] = [self.translator.translation(h) for h in next(hypotheses)]
             del job.order[:count]
             if job.order:
                 self.waiting.append(job)
             else:
-                job.done.set_result([job.records[k] for k in range(len(job.lines))])
+                job.done.set_result([job.found[k] for k in range(len(job.lines))])
 
 
 def tokens(job: Job) -> int:

@@ -360,6 +360,14 @@ class ServeConfig(Options):
     read_timeout: float = knob(10.0, "Seconds a client has to send a whole request, from connecting or from its last "
                                "answer; then its connection is closed (408 if a request had begun).", min=0.0,
                                exclusive_min=True, max=3600.0)
+    cors_origin: tuple[str, ...] = knob((), "Let the pages of this origin (https://example.com; *: any) call the "
+                                        "server from a browser (repeatable).")
+    api_keys: Path | None = knob(None, "A file of API keys, one per line (read again on SIGHUP): requests other than "
+                                 "/, /health and the API's description then need `Authorization: Bearer KEY`.",
+                                 path=_EXISTING_FILE)
+    rate_limit: int | None = knob(None, "Requests a minute per API key (without keys: per client address); the next "
+                                  "are answered 429 with Retry-After.", min=1)
+    access_log: bool = knob(False, "Log a line per request: client, method, path, status, milliseconds.")
     batch_window_ms: float = knob(5.0, "How long a request waits for others to be translated with it.", min=0.0,
                                    max=10000.0)
     max_tokens: int = knob(2048, "Source tokens per search (padding included): a request with more is cut into "

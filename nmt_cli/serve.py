@@ -18,20 +18,27 @@ stops on time.
 
 import asyncio
 import json
+import logging
 import signal
 import socket
 import sys
 import threading
-from dataclasses import asdict, fields
-from typing import Any
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
+from nmt_cli.access import Keys, RateLimit, bearer, is_open
 from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
 from nmt_cli.translator import Translator, model_search
+from nmt_cli.version import __version__
 
-OPTIONS = ("beam", "nbest", "lenpen", "max_len_a", "max_len_b")
+if TYPE_CHECKING:
+    from nmt_cli.metrics import Metrics
+
+ROUTES = frozenset({"/translate", "/health", "/config", "/metrics", "/docs", "/openapi.json", "/"})  # others: "other"
 
 
 class BadRequest(ValueError):
@@ -41,36 +48,37 @@ class BadRequest(ValueError):
 
 
 def parse(body: Any, config: ServeConfig, defaults: SearchConfig = SearchConfig()) -> tuple[SearchConfig, list[str]]:
-    """The search options and sentences of a /translate body (the others: `defaults`, the model's,
-    their length within the server's --max-output-tokens); BadRequest names what is wrong, and what
-    exceeds a limit of the server (its --max-* options) names the limit."""
+    """The search options and sentences of a /translate body (schemas.TranslateRequest; the options
+    not given: `defaults`, the model's, their length within the server's --max-output-tokens);
+    BadRequest names what is wrong, and what exceeds a limit of the server (its --max-* options)
+    names the limit."""
+    from pydantic import ValidationError
+
+    from nmt_cli.schemas import TranslateRequest, problem
+
     if not isinstance(body, dict) or not isinstance(body.get("text"), list):
         raise BadRequest(400, 'the body must be a JSON object with "text": a list of sentences')
-    unknown = sorted(set(body) - {"text", *OPTIONS})
-    if unknown:
-        raise BadRequest(400, f"unknown option {unknown[0]!r} (known: text, {', '.join(OPTIONS)})")
-    lines = body["text"]
-    if len(lines) > config.max_sentences:
-        raise BadRequest(413, f"{len(lines)} sentences, more than the server's --max-sentences {config.max_sentences}")
-    for number, line in enumerate(lines, start=1):
-        if not isinstance(line, str) or "\n" in line:
-            raise BadRequest(400, f"sentence {number}: not a string of one line")
+    if len(body["text"]) > config.max_sentences:
+        raise BadRequest(413, f"{len(body['text'])} sentences, more than the server's --max-sentences "
+                              f"{config.max_sentences}")
+    try:
+        request = TranslateRequest.model_validate(body)
+    except ValidationError as e:
+        raise BadRequest(400, problem(e)) from None
+    for number, line in enumerate(request.text, start=1):
+        if "\n" in line:
+            raise BadRequest(400, f"sentence {number}: not one line")
         if len(line) > config.max_chars:
             raise BadRequest(413, f"sentence {number}: {len(line)} characters, more than the server's "
                                   f"--max-chars {config.max_chars}")
-    options = {key: body[key] for key in OPTIONS if key in body}
-    integers = {f.name for f in fields(SearchConfig) if f.type == "int"}
-    for key, value in options.items():
-        wanted, kind = ((int,), "an integer") if key in integers else ((int, float), "a number")
-        if isinstance(value, bool) or not isinstance(value, wanted):
-            raise BadRequest(400, f"{key}: {json.dumps(value)} is not {kind}")
+    options = request.model_dump(exclude_none=True, exclude={"text"})
     try:
         base = {**asdict(defaults), "max_len_b": min(defaults.max_len_b, config.max_output_tokens)}
         search = SearchConfig(**{**base, **options, "max_len": config.max_output_tokens})
     except ValueError as e:
         raise BadRequest(400, str(e)) from None
-    check_cost(search, len(lines), config)
-    return search, lines
+    check_cost(search, len(request.text), config)
+    return search, request.text
 
 
 def check_cost(search: SearchConfig, sentences: int, config: ServeConfig) -> None:
@@ -85,22 +93,66 @@ def check_cost(search: SearchConfig, sentences: int, config: ServeConfig) -> Non
                               f"--max-hypotheses {config.max_hypotheses}")
 
 
-def create_app(translator: Translator, config: ServeConfig, batcher: Batcher) -> Any:
-    """The FastAPI application of `nmt serve`."""
-    from fastapi import FastAPI, Request
+def create_app(translator: Translator, config: ServeConfig, batcher: Batcher, metrics: "Metrics",
+               keys: Keys | None = None) -> Any:
+    """The FastAPI application of `nmt serve`; its /docs need no internet (fastapi-offline)."""
+    from fastapi import Request
+    from fastapi.middleware.cors import CORSMiddleware
     from fastapi.responses import JSONResponse, Response
+    from fastapi_offline import FastAPIOffline
     from starlette.requests import ClientDisconnect
 
-    app = FastAPI(title="nmt-cli")
-    model = translator.bundle
+    from nmt_cli.schemas import ErrorResponse, Health, TranslateRequest, TranslateResponse
 
-    @app.post("/translate")
+    app = FastAPIOffline(title="nmt-cli", version=__version__, redoc_url=None,
+                         description="Translation with a Transformer (nmt-cli's `nmt serve`).")
+    model = translator.bundle
+    errors: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse}
+                                               for status in (400, 401, 413, 422, 429, 503)}
+    limit = RateLimit(config.rate_limit) if config.rate_limit else None
+    access = logging.getLogger("nmt.access")
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        """Keys and the rate limit first; then the request's answer counted (and logged with --access-log)."""
+        start, path = time.monotonic(), request.url.path
+        response = refuse(path, request.headers.get("authorization"), request.client) or await call_next(request)
+        seconds = time.monotonic() - start
+        metrics.answered(path if path in ROUTES else "other", response.status_code, seconds)
+        if config.access_log:
+            client = f"{request.client.host}:{request.client.port}" if request.client else "-"
+            access.info("%s %s %s %d %.1f ms", client, request.method, path, response.status_code, 1000 * seconds)
+        return response
+
+    def refuse(path: str, authorization: str | None, client: Any) -> Any:
+        """The answer to a request that may not go on (a missing or unknown key, too many), else None."""
+        if is_open(path):
+            return None
+        key = bearer(authorization)
+        if keys is not None and key not in keys:
+            return JSONResponse({"error": "a missing or unknown API key: send the header Authorization: Bearer KEY"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        wait = limit.wait(key or (client.host if client else "-")) if limit is not None else 0
+        if wait:
+            return JSONResponse({"error": f"more than the server's --rate-limit {config.rate_limit} requests a "
+                                          f"minute; try again in {wait} s"},
+                                status_code=429, headers={"Retry-After": str(wait)})
+        return None
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(metrics.text(), media_type=metrics.content_type)
+    body = {"required": True, "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}}}
+
+    @app.post("/translate", responses={200: {"model": TranslateResponse}, **errors},
+              openapi_extra={"requestBody": body})
     async def translate(request: Request) -> Any:
+        """Translate sentences; requests that arrive together share a search."""
         try:
             search, lines = parse(read_json(await request.body()), config, translator.config.search)
             if batcher.deadline is not None:
                 raise ShuttingDown
-            records = await asyncio.wrap_future(batcher.submit(search, lines))
+            found = await asyncio.wrap_future(batcher.submit(search, lines))
         except ClientDisconnect:
             return Response(status_code=499)  # nobody to answer
         except BadRequest as e:
@@ -113,22 +165,27 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher) ->
             return JSONResponse({"error": "the server is shutting down (SIGTERM) and could not translate this "
                                           "within its --drain-seconds; send it again to another server"},
                                 status_code=503)
-        answer: dict[str, Any] = {"translations": [r["translation"] for r in records]}
+        answer: dict[str, Any] = {"translations": [hyps[0].text if hyps else "" for hyps in found]}
         if search.nbest > 1:
-            answer["nbest"] = [[{k: h[k] for k in ("text", "score", "log_prob")} for h in r["nbest"]]
-                               for r in records]
+            answer["nbest"] = [[{"text": h.text, "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)}
+                                for h in hyps] for hyps in found]
         return answer
 
-    @app.get("/health")
+    @app.get("/health", response_model=Health)
     async def health() -> dict[str, Any]:
+        """Whether the server takes requests (draining: it stops), and how many it took."""
         return {"status": "ok" if batcher.deadline is None else "draining", "requests": batcher.requests,
                 "searches": batcher.searches}
 
     @app.get("/config")
     async def model_config() -> dict[str, Any]:
+        """The model's architecture, text settings and vocabulary sizes."""
         return {"model_config": model.model.config.to_dict(), "text_config": model.text.to_dict(),
                 "src_vocab_size": len(model.src_vocab), "tgt_vocab_size": len(model.tgt_vocab)}
 
+    if config.cors_origin:  # outermost: a preflight is answered before the keys are asked for
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origin), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
     return app
 
 
@@ -157,24 +214,29 @@ def check_address(host: str, port: int) -> None:
 def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
     """Run the server until SIGTERM or Ctrl-C; requests in flight get --drain-seconds to finish."""
     try:
-        import fastapi  # noqa: F401 (create_app's; checked here, before anything starts)
+        import fastapi_offline  # noqa: F401 (create_app's; checked here, before anything starts)
+        import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError:
-        raise NmtError("nmt serve needs FastAPI and uvicorn: pip install 'nmt-cli[serve]'") from None
+        raise NmtError("nmt serve needs FastAPI, uvicorn and more: pip install 'nmt-cli[serve]'") from None
     from nmt_cli.connections import connection_cap, guarded_http, log_loop_error, log_once
+    from nmt_cli.metrics import Metrics
 
     check_address(config.host, config.port)
+    keys = Keys(config.api_keys) if config.api_keys is not None else None
     connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
     translator = Translator(bundles, TranslateConfig(max_tokens=config.max_tokens,
                                                      search=model_search(bundles[0], {})), device, dtype)
-    batcher = Batcher(translator, config)
+    metrics = Metrics(waiting=lambda: batcher.waiting_requests())
+    batcher = Batcher(translator, config, metrics.searched)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             asyncio.get_running_loop().set_exception_handler(log_loop_error)
             await super().startup(sockets)
 
-    server = Server(uvicorn.Config(create_app(translator, config, batcher), host=config.host, port=config.port,
+    server = Server(uvicorn.Config(create_app(translator, config, batcher, metrics, keys), host=config.host,
+                                   port=config.port,
                                    log_level="warning", timeout_graceful_shutdown=config.drain_seconds,
                                    http=guarded_http(connections, config.read_timeout)))
 
@@ -192,7 +254,14 @@ def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
+    if keys is not None:
+        signal.signal(signal.SIGHUP, lambda sig, frame: print(keys.reload(), file=sys.stderr, flush=True))
     log_once()
+    if config.access_log:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logging.getLogger("nmt.access").addHandler(handler)
+        logging.getLogger("nmt.access").setLevel(logging.INFO)
     print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')})",
           flush=True)
     web = threading.Thread(target=listen, name="nmt-http", daemon=True)

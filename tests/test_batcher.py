@@ -15,7 +15,7 @@ from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
 from nmt_cli.records import Translation
-from nmt_cli.search import SearchInterrupted
+from nmt_cli.search import Hypothesis, SearchInterrupted
 from nmt_cli.translator import Translator
 
 
@@ -32,17 +32,17 @@ class Recorder:
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         return [int(word) for word in line.split()]
 
-    def search_ids(self, sources: list[list[int]], config: SearchConfig) -> list[list[list[int]]]:
+    def search_ids(self, sources: list[list[int]], config: SearchConfig) -> list[list[Hypothesis]]:
         self.searches.append([" ".join(map(str, ids)) for ids in sources])
         self.started.set()
         if self.gate is not None:
             self.gate.wait(10)
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise SearchInterrupted("stopped")
-        return [[ids] for ids in sources]
+        return [[Hypothesis(ids, 0.0, 0.0)] for ids in sources]
 
-    def translation(self, ids: list[int]) -> Translation:
-        return Translation(" ".join(map(str, ids)), [], 0.0, 0.0)
+    def translation(self, hypothesis: Hypothesis) -> Translation:
+        return Translation(" ".join(map(str, hypothesis.tokens)), [], 0.0, 0.0)
 
     def stop_searches_at(self, deadline: float | None) -> None:
         self.deadline = deadline
@@ -57,7 +57,7 @@ def batcher(translator, **options) -> Batcher:
 
 
 def texts(future) -> list[str]:
-    return [record["translation"] for record in future.result(timeout=10)]
+    return [hyps[0].text for hyps in future.result(timeout=10)]
 
 
 def test_a_large_request_is_cut_into_searches_of_max_tokens_in_order():
@@ -135,6 +135,6 @@ def test_cut_searches_give_the_translations_of_one(tmp_path):
     translator = Translator([bundle], TranslateConfig(), torch.device("cpu"))
     lines = ["a b c d", "p o n m l k", "", "e", "f g h i j k l m n o p a b c", "c c c", "h a", "b b a a"]
     search = SearchConfig(beam=3, max_len_b=5)
-    records = batcher(translator, max_tokens=6).submit(search, lines).result(timeout=60)
-    assert [r["translation"] for r in records] == translator.translate(lines, beam=3, max_len_b=5)
-    assert [r["line"] for r in records] == list(range(1, len(lines) + 1))
+    found = batcher(translator, max_tokens=6).submit(search, lines).result(timeout=60)
+    alone = translator.hypotheses(lines, beam=3, max_len_b=5)
+    assert [[t.text for t in hyps] for hyps in found] == [[t.text for t in hyps] for hyps in alone]

@@ -3,11 +3,13 @@ batched together), bad requests refused with a one-line reason while the server 
 SIGTERM letting a request in flight finish."""
 
 import json
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -54,23 +56,70 @@ def test_concurrent_requests_are_batched_and_answered_as_translate_does(server):
     assert request(url + "/config")[1]["src_vocab_size"] == 20
 
 
+def test_the_api_is_described_and_its_docs_need_no_internet(server):
+    _, url = server
+    api = request(url + "/openapi.json")[1]
+    body = api["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    beam = SearchConfig.__dataclass_fields__["beam"].metadata
+    assert body["required"] == ["text"] and body["additionalProperties"] is False
+    assert body["properties"]["beam"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": beam["max"]}
+    assert body["properties"]["beam"]["description"] == beam["help"]
+    answer = api["paths"]["/translate"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert answer["$ref"] == "#/components/schemas/TranslateResponse"
+    page = urllib.request.urlopen(url + "/docs").read().decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert assets and all(asset.startswith("/") for asset in assets), assets  # none from a CDN
+    assert all(urllib.request.urlopen(url + asset).status == 200 for asset in assets)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """The samples of /metrics by (name, labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_metrics_count_requests_sentences_tokens_and_searches(server):
+    _, url = server
+    before = scrape(url)
+    assert request(url + "/translate", {"text": ["a b c", "", "d e"]})[0] == 200
+    assert request(url + "/translate", {"text": ["a"], "beam": 0})[0] == 400
+    after = scrape(url)
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    assert grew("nmt_requests_total", path="/translate", status="200") == 1
+    assert grew("nmt_requests_total", path="/translate", status="400") == 1
+    assert grew("nmt_sentences_total") == 3 and grew("nmt_source_tokens_total") == 5
+    assert grew("nmt_target_tokens_total") >= 2 and grew("nmt_search_sentences_count") == 1
+    assert grew("nmt_request_seconds_count", path="/translate") == 2
+    assert after[("nmt_waiting_requests", ())] == 0
+
+
 @pytest.mark.parametrize("body, status, reason", [
     (b"{not json", 400, "the body is not JSON"),
     ({"lines": ["a"]}, 400, 'a JSON object with "text"'),
     ({"text": ["a"], "beem": 4}, 400, "unknown option 'beem'"),
     ({"text": ["a"] * 21}, 413, "21 sentences, more than the server's --max-sentences 20"),
-    ({"text": ["a\\nb"]}, 400, "sentence 1: not a string of one line"),
-    ({"text": ["a"], "beam": "4"}, 400, 'beam: "4" is not an integer'),
+    ({"text": ["a\\nb"]}, 400, "sentence 1: not one line"),
+    ({"text": ["a", 7]}, 400, "sentence 2: input should be a valid string"),
+    ({"text": ["a"], "beam": "4"}, 400, "beam: input should be a valid integer"),
+    ({"text": ["a"], "beam": True}, 400, "beam: input should be a valid integer"),
+    ({"text": ["a"], "stopping": "never"}, 400, "stopping: input should be 'early' or 'heuristic'"),
     ({"text": ["a"], "beam": 2, "nbest": 3}, 400, "--nbest 3 is larger than --beam 2"),
-    ({"text": ["a"], "beam": 20000, "max_len_b": 1000}, 400, "beam=20000: must be <= 1024"),
+    ({"text": ["a"], "beam": 20000, "max_len_b": 1000}, 400, "beam: input should be less than or equal to 1024"),
     ({"text": ["a"], "beam": 17}, 400, "beam 17: more than the server's --max-beam 16"),
     ({"text": ["a"], "max_len_b": 1000}, 400, "max_len_b 1000: more than the server's --max-output-tokens 256"),
     ({"text": ["a"] * 20, "beam": 16}, 413, "20 sentences x beam 16: more than the server's --max-hypotheses 300"),
     ({"text": ["a b c d e f g h i j"] * 5}, 413, "sentences 1 to 5 come to 50 source tokens, more than the "
                                                "server's --max-source-tokens 40"),
     ({"text": ["a"], "max_len_b": 10**30}, 400, "max_len_b=1000000000000000000000000000000: must be <="),
-    (b'{"text": ["a"], "lenpen": NaN}', 400, "lenpen=nan: must be a finite number"),
-    (b'{"text": ["a"], "max_len_a": Infinity}', 400, "max_len_a=inf: must be a finite number"),
+    (b'{"text": ["a"], "lenpen": NaN}', 400, "lenpen: input should be a finite number"),
+    (b'{"text": ["a"], "max_len_a": Infinity}', 400, "max_len_a: input should be a finite number"),
     (b"[" * 100000, 400, "the body is JSON nested too deeply"),
 ])
 def test_bad_requests_get_a_reason_and_the_server_keeps_serving(server, body, status, reason):

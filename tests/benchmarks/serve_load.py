@@ -6,7 +6,8 @@ test_2016_flickr.en) with a real HTTP client (urllib, one thread per client), an
 line per level: requests/s, sentences/s, p50/p99 latency, the server's searches per request (how
 much it batched), and the ratio of its sentences/s to translating the same sentences in one
 `nmt translate`-style call (translate.translate_lines, in this process, same threads). Bounded:
-it stops after the requests. Server and clients share the machine's cores.
+it stops after the requests. Server and clients share the machine's cores. `--guarded`: the server
+with an API key, a CORS origin, a rate limit and an access log (what they cost).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -35,10 +37,11 @@ from nmt_cli.translate import translate_lines
 from nmt_cli.translator import Translator
 
 
-def post(url: str, lines: list[str]) -> float:
+def post(url: str, lines: list[str], headers: dict[str, str] | None = None) -> float:
+    """The seconds a translation request takes (`headers`: an API key, an Origin)."""
     start = time.perf_counter()
     data = json.dumps({"text": lines}).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=600) as response:
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers or {}), timeout=600) as response:
         assert response.status == 200 and len(json.loads(response.read())["translations"]) == len(lines)
     return time.perf_counter() - start
 
@@ -51,7 +54,8 @@ def serving(args: argparse.Namespace, *options: str) -> Iterator[str]:
         port = s.getsockname()[1]
     process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(args.model), "--port", str(port),
                                 "--device", "cpu", "--threads", str(args.threads),
-                                "--batch-window-ms", str(args.batch_window_ms), *options], stdout=subprocess.DEVNULL)
+                                "--batch-window-ms", str(args.batch_window_ms), *options], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -77,6 +81,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=1, help="sentences per request")
     parser.add_argument("--batch-window-ms", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--guarded", action="store_true", help="the server with an API key, a CORS origin, a rate "
+                        "limit it never reaches and an access log; the clients send the key and an Origin")
     args = parser.parse_args()
     lines = args.input.read_text(encoding="utf-8").splitlines()
     bodies = [[lines[(k * args.sentences + j) % len(lines)] for j in range(args.sentences)]
@@ -88,18 +94,25 @@ def main() -> None:
     file_rate = args.requests * args.sentences / (time.perf_counter() - start)
     del translator
     torch.set_num_threads(1)  # the clients need little; the server has its own threads
-    with serving(args) as url:
+    options, headers = [], {}
+    if args.guarded:
+        keys = Path(tempfile.mkdtemp()) / "keys.txt"
+        keys.write_text("benchmark\n")
+        options = ["--api-keys", str(keys), "--cors-origin", "https://app.example", "--rate-limit", "1000000",
+                   "--access-log"]
+        headers = {"Authorization": "Bearer benchmark", "Origin": "https://app.example"}
+    with serving(args, *options) as url:
         for clients in args.clients:
             before = json.loads(urllib.request.urlopen(url + "/health").read())
             start = time.perf_counter()
             with ThreadPoolExecutor(clients) as pool:
-                latencies = list(pool.map(lambda body: post(url + "/translate", body), bodies))
+                latencies = list(pool.map(lambda body: post(url + "/translate", body, headers), bodies))
             seconds = time.perf_counter() - start
             after = json.loads(urllib.request.urlopen(url + "/health").read())
             rate = args.requests * args.sentences / seconds
             print(json.dumps({
                 "benchmark": "serve_load", "model": str(args.model), "clients": clients, "requests": args.requests,
-                "sentences_per_request": args.sentences, "threads": args.threads,
+                "sentences_per_request": args.sentences, "threads": args.threads, "guarded": args.guarded,
                 "requests_per_s": round(args.requests / seconds, 1), "sentences_per_s": round(rate, 1),
                 "p50_ms": round(1000 * float(np.percentile(latencies, 50)), 1),
                 "p99_ms": round(1000 * float(np.percentile(latencies, 99)), 1),
