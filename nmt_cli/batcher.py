@@ -146,8 +146,8 @@ class Batcher:
         first, and more of the first, while they make one batch of the search (--max-tokens, padding
         and </s> included, as generator.batches counts)."""
         first = self.waiting[0]
-        jobs = [first, *sorted((job for job in self.waiting if job is not first and job.search == first.search),
-                               key=tokens)]
+        jobs = [first] if seeded(first.search) else [first, *sorted(
+            (job for job in self.waiting if job is not first and job.search == first.search), key=tokens)]
         counts = [1] + [0] * (len(jobs) - 1)
         size, width = 1, len(first.left[0]) + 1
         for k in [*range(1, len(jobs)), 0]:
@@ -165,8 +165,9 @@ class Batcher:
         try:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise ShuttingDown
-            found = self.translator.search_ids([ids for job, count in taken for ids in job.left[:count]],
-                                               taken[0][0].search)
+            search = taken[0][0].search
+            found = self.translator.search_ids([ids for job, count in taken for ids in job.left[:count]], search,
+                                               reseed=seeded(search))
         except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
             error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
             for job, _ in taken:
@@ -185,6 +186,12 @@ class Batcher:
                 self.waiting.append(job)
             else:
                 job.done.set_result([job.found[k] for k in range(len(job.lines))])
+
+
+def seeded(search: SearchConfig) -> bool:
+    """Whether a request asks for the samples of a seed: its searches are its own, each started
+    from the seed (the same request, the same samples, whatever else the server translates)."""
+    return search.sampling and search.seed is not None
 
 
 def tokens(job: Job) -> int:

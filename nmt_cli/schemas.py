@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from nmt_cli.config import SearchConfig
 
 # SearchConfig's fields that a request may set (the others are the server's: max_len, or not yet served).
-REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b", "allow_unk")
-TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b", "allow_unk",
+                   "sampling", "sampling_topk", "sampling_topp", "temperature", "seed")
+TYPES = {"int": int, "float": float, "str": str, "bool": bool, "int | None": int, "float | None": float}
 
 
 def option(name: str) -> tuple[Any, Any]:

@@ -5,6 +5,10 @@
                         sentence its hypotheses with "text", "score" and "log_prob")
     GET /health      -> {"status": "ok", "requests": R, "searches": S}
     GET /config      -> the model's architecture, text settings and vocabulary sizes
+    GET /metrics     -> Prometheus' text format (metrics.py)
+    GET /docs        -> the API, described by /openapi.json (schemas.py)
+
+--api-keys and --rate-limit decide who may ask (access.py), --cors-origin which browser pages.
 
 Requests that arrive together are translated together (batcher.py): those with the same search
 options share a search of up to --max-tokens source tokens, a larger request is cut into several,
@@ -32,6 +36,7 @@ from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
+from nmt_cli.options import check_applies
 from nmt_cli.translator import Translator, model_search
 from nmt_cli.version import __version__
 
@@ -75,6 +80,7 @@ def parse(body: Any, config: ServeConfig, defaults: SearchConfig = SearchConfig(
     try:
         base = {**asdict(defaults), "max_len_b": min(defaults.max_len_b, config.max_output_tokens)}
         search = SearchConfig(**{**base, **options, "max_len": config.max_output_tokens})
+        check_applies(search, options, name=lambda f: f.name)
     except ValueError as e:
         raise BadRequest(400, str(e)) from None
     check_cost(search, len(request.text), config)

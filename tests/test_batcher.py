@@ -32,7 +32,8 @@ class Recorder:
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         return [int(word) for word in line.split()]
 
-    def search_ids(self, sources: list[list[int]], config: SearchConfig) -> list[list[Hypothesis]]:
+    def search_ids(self, sources: list[list[int]], config: SearchConfig,
+                   reseed: bool = False) -> list[list[Hypothesis]]:
         self.searches.append([" ".join(map(str, ids)) for ids in sources])
         self.started.set()
         if self.gate is not None:
@@ -104,6 +105,20 @@ def test_requests_with_the_same_options_share_a_search_small_ones_first():
     assert recorder.searches == [["1"], ["2 2 2", "5"], ["3 3 3", "4 4 4"]]
 
 
+def test_a_request_for_seeded_samples_has_searches_of_its_own():
+    recorder = Recorder()
+    recorder.gate = threading.Event()
+    serving = batcher(recorder, max_tokens=100)
+    first = serving.submit(SearchConfig(), ["1"])
+    assert recorder.started.wait(10)
+    seeded = serving.submit(SearchConfig(sampling=True, seed=3), ["2"])
+    other = serving.submit(SearchConfig(sampling=True, seed=3), ["3"])
+    time.sleep(0.2)
+    recorder.gate.set()
+    assert texts(first) == ["1"] and texts(seeded) == ["2"] and texts(other) == ["3"]
+    assert recorder.searches == [["1"], ["2"], ["3"]]
+
+
 def test_a_request_past_max_source_tokens_is_refused_and_the_next_served():
     serving = batcher(Recorder(), max_source_tokens=5)
     with pytest.raises(RequestTooLarge, match="sentences 1 to 2 come to 6 source tokens, more than the server's "
@@ -137,4 +152,8 @@ def test_cut_searches_give_the_translations_of_one(tmp_path):
     search = SearchConfig(beam=3, max_len_b=5)
     found = batcher(translator, max_tokens=6).submit(search, lines).result(timeout=60)
     alone = translator.hypotheses(lines, beam=3, max_len_b=5)
+    assert [[t.text for t in hyps] for hyps in found] == [[t.text for t in hyps] for hyps in alone]
+    sampled = SearchConfig(sampling=True, seed=11, nbest=2)
+    found = batcher(translator, max_tokens=1000).submit(sampled, lines).result(timeout=60)
+    alone = translator.hypotheses(lines, sampling=True, seed=11, nbest=2)
     assert [[t.text for t in hyps] for hyps in found] == [[t.text for t in hyps] for hyps in alone]

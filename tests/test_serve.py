@@ -81,6 +81,16 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
+def test_seeded_samples_repeat_whatever_is_translated_beside_them(server):
+    _, url = server
+    body = {"text": LINES, "sampling": True, "seed": 5, "nbest": 2}
+    alone = request(url + "/translate", body)[1]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda b: request(url + "/translate", b)[1],
+                                [body, {"text": LINES}, {"text": LINES, "sampling": True}, body]))
+    assert answers[0] == answers[3] == alone and len(alone["nbest"][0]) == 2
+
+
 def test_metrics_count_requests_sentences_tokens_and_searches(server):
     _, url = server
     before = scrape(url)
@@ -112,6 +122,7 @@ def test_metrics_count_requests_sentences_tokens_and_searches(server):
     ({"text": ["a"], "stopping": "never"}, 400, "stopping: input should be 'early' or 'heuristic'"),
     ({"text": ["a"], "beam": 2, "nbest": 3}, 400, "--nbest 3 is larger than --beam 2"),
     ({"text": ["a"], "beam": 20000, "max_len_b": 1000}, 400, "beam: input should be less than or equal to 1024"),
+    ({"text": ["a"], "temperature": 0.5}, 400, "temperature applies only with --sampling"),
     ({"text": ["a"], "beam": 17}, 400, "beam 17: more than the server's --max-beam 16"),
     ({"text": ["a"], "max_len_b": 1000}, 400, "max_len_b 1000: more than the server's --max-output-tokens 256"),
     ({"text": ["a"] * 20, "beam": 16}, 413, "20 sentences x beam 16: more than the server's --max-hypotheses 300"),
