@@ -15,6 +15,19 @@ SMALL_MARIAN = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "num_hi
                 "decoder_attention_heads": 4}
 
 
+SERVERS: list = []  # the `nmt serve` processes that `serving` started
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_server_left():
+    """A server that a failing test could not stop is killed when the session ends."""
+    yield
+    for process in SERVERS:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 @pytest.fixture
 def multi30k() -> Path:
     if not (MULTI30K / "train.en").exists():
@@ -304,6 +317,7 @@ def serving(tmp_path: Path, *options, model: Path | None = None, device: str = "
                                     "--device", device, "--threads", "1", *map(str, options)], stdout=out, stderr=out,
                                     preexec_fn=files and (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
                                                                                      (files, files))))
+    SERVERS.append(process)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

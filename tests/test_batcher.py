@@ -57,6 +57,17 @@ def batcher(translator, **options) -> Batcher:
     return serving
 
 
+def while_searching(serving: Batcher, recorder: Recorder, first: tuple, *others: tuple) -> list:
+    """Submit `first` (options, lines), then `others` while its first search runs; their futures."""
+    recorder.gate = threading.Event()
+    futures = [serving.submit(*first)]
+    assert recorder.started.wait(10)
+    futures += [serving.submit(*request) for request in others]
+    time.sleep(0.2)  # all queued before the first search ends
+    recorder.gate.set()
+    return futures
+
+
 def texts(future) -> list[str]:
     return [hyps[0].text for hyps in future.result(timeout=10)]
 
@@ -79,13 +90,9 @@ def test_a_request_is_cut_shortest_sentences_first_and_answered_in_order():
 
 def test_a_small_request_waits_one_search_not_a_whole_large_one():
     recorder = Recorder()
-    recorder.gate = threading.Event()
-    serving = batcher(recorder, max_tokens=5)
-    large = serving.submit(SearchConfig(), [f"{k} {k} {k} {k}" for k in range(1, 6)])  # five searches
-    assert recorder.started.wait(10)
-    small = serving.submit(SearchConfig(beam=2), ["9"])  # other options: a search of its own
-    time.sleep(0.2)  # both queued before the first search ends
-    recorder.gate.set()
+    large, small = while_searching(batcher(recorder, max_tokens=5), recorder,
+                                   (SearchConfig(), [f"{k} {k} {k} {k}" for k in range(1, 6)]),  # five searches
+                                   (SearchConfig(beam=2), ["9"]))  # other options: a search of its own
     assert texts(small) == ["9"] and texts(large)[-1] == "5 5 5 5"
     assert recorder.searches[1] == ["9"]  # right after the large request's first search
     assert len(recorder.searches) == 6
@@ -93,29 +100,18 @@ def test_a_small_request_waits_one_search_not_a_whole_large_one():
 
 def test_requests_with_the_same_options_share_a_search_small_ones_first():
     recorder = Recorder()
-    recorder.gate = threading.Event()
-    serving = batcher(recorder, max_tokens=8)
-    first = serving.submit(SearchConfig(), ["1"])
-    assert recorder.started.wait(10)
-    large = serving.submit(SearchConfig(), ["2 2 2", "3 3 3", "4 4 4"])
-    small = serving.submit(SearchConfig(), ["5"])
-    time.sleep(0.2)
-    recorder.gate.set()
+    first, large, small = while_searching(batcher(recorder, max_tokens=8), recorder, (SearchConfig(), ["1"]),
+                                          (SearchConfig(), ["2 2 2", "3 3 3", "4 4 4"]), (SearchConfig(), ["5"]))
     assert texts(first) == ["1"] and texts(small) == ["5"] and texts(large) == ["2 2 2", "3 3 3", "4 4 4"]
     assert recorder.searches == [["1"], ["2 2 2", "5"], ["3 3 3", "4 4 4"]]
 
 
 def test_a_request_for_seeded_samples_has_searches_of_its_own():
     recorder = Recorder()
-    recorder.gate = threading.Event()
-    serving = batcher(recorder, max_tokens=100)
-    first = serving.submit(SearchConfig(), ["1"])
-    assert recorder.started.wait(10)
-    seeded = serving.submit(SearchConfig(sampling=True, seed=3), ["2"])
-    other = serving.submit(SearchConfig(sampling=True, seed=3), ["3"])
-    time.sleep(0.2)
-    recorder.gate.set()
-    assert texts(first) == ["1"] and texts(seeded) == ["2"] and texts(other) == ["3"]
+    seeded = SearchConfig(sampling=True, seed=3)
+    first, one, other = while_searching(batcher(recorder, max_tokens=100), recorder, (SearchConfig(), ["1"]),
+                                        (seeded, ["2"]), (seeded, ["3"]))
+    assert texts(first) == ["1"] and texts(one) == ["2"] and texts(other) == ["3"]
     assert recorder.searches == [["1"], ["2"], ["3"]]
 
 
