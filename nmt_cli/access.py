@@ -10,7 +10,7 @@ from pathlib import Path
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
 
-OPEN_PATHS = frozenset({"/", "/health", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+OPEN_PATHS = frozenset({"/", "/health", "/languages", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
 OPEN_PREFIX = "/static-offline-docs/"  # the assets of /docs
 
 

@@ -35,6 +35,7 @@ class Job:
     (shortest first: a request cut into searches is cut as one search would batch it, by length),
     and the translations of those translated."""
 
+    translator: Translator  # the model of the request's language pair
     search: SearchConfig
     lines: list[str]
     sources: list[list[int]] = field(default_factory=list)
@@ -54,9 +55,10 @@ class Batcher:
     tests/benchmarks/serve_fairness.py). Draining (SIGTERM), it goes on until a deadline, then stops
     its search and answers the rest with ShuttingDown."""
 
-    def __init__(self, translator: Translator, config: ServeConfig,
+    def __init__(self, config: ServeConfig,
                  searched: Callable[[int, int, int], None] = lambda sentences, source, target: None) -> None:
-        self.translator, self.config, self.searched = translator, config, searched
+        self.config, self.searched = config, searched
+        self.translators: set[Translator] = set()  # those that have had requests (drain stops their searches)
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="nmt-encoder")
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.waiting: deque[Job] = deque()  # in turn order: a request cut short goes to the back
@@ -64,10 +66,13 @@ class Batcher:
         self.requests = self.searches = 0
         self.deadline: float | None = None
 
-    def submit(self, search: SearchConfig, lines: list[str]) -> Future:
-        """A future of each line's translations, best first (none for an empty line); failed with
-        RequestTooLarge, ShuttingDown, or what the search raised."""
-        job = Job(search, lines)
+    def submit(self, translator: Translator, search: SearchConfig, lines: list[str]) -> Future:
+        """A future of each line's translations by `translator`, best first (none for an empty
+        line); failed with RequestTooLarge, ShuttingDown, or what the search raised."""
+        job = Job(translator, search, lines)
+        self.translators.add(translator)
+        if self.deadline is not None:
+            translator.stop_searches_at(self.deadline)
         self.requests += 1
         self.encoder.submit(self._encode, job)
         return job.done
@@ -79,7 +84,8 @@ class Batcher:
     def drain(self, seconds: float) -> None:
         """Translate what is waiting for at most `seconds` (less a margin); then answer ShuttingDown."""
         self.deadline = time.monotonic() + max(0.0, seconds - DRAIN_MARGIN_SECONDS)
-        self.translator.stop_searches_at(self.deadline)
+        for translator in list(self.translators):
+            translator.stop_searches_at(self.deadline)
 
     def close(self) -> None:
         """`run` returns once the requests that came have their answers."""
@@ -95,7 +101,7 @@ class Batcher:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise ShuttingDown
             for number, line in enumerate(job.lines, start=1):
-                job.sources.append(ids := self.translator.source_ids(line, number))
+                job.sources.append(ids := job.translator.source_ids(line, number))
                 tokens += len(ids)
                 if tokens > limit:
                     raise RequestTooLarge(f"sentences 1 to {number} come to {tokens} source tokens, more than the "
@@ -137,7 +143,7 @@ class Batcher:
         """Wait up to --batch-window-ms for requests to share `first`'s search while it has room."""
         deadline = time.monotonic() + self.config.batch_window_ms / 1000
         while not self.closed and (wait := deadline - time.monotonic()) > 0 and sum(
-                tokens(job) for job in self.waiting if job.search == first.search) < self.config.max_tokens:
+                tokens(job) for job in self.waiting if shared(job, first)) < self.config.max_tokens:
             self._take(wait)
 
     def _next_search(self) -> list[tuple[Job, int]]:
@@ -147,7 +153,7 @@ class Batcher:
         and </s> included, as generator.batches counts)."""
         first = self.waiting[0]
         jobs = [first] if seeded(first.search) else [first, *sorted(
-            (job for job in self.waiting if job is not first and job.search == first.search), key=tokens)]
+            (job for job in self.waiting if job is not first and shared(job, first)), key=tokens)]
         counts = [1] + [0] * (len(jobs) - 1)
         size, width = 1, len(first.left[0]) + 1
         for k in [*range(1, len(jobs)), 0]:
@@ -166,7 +172,7 @@ class Batcher:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise ShuttingDown
             search = taken[0][0].search
-            found = self.translator.search_ids([ids for job, count in taken for ids in job.left[:count]], search,
+            found = taken[0][0].translator.search_ids([ids for job, count in taken for ids in job.left[:count]], search,
                                                reseed=seeded(search))
         except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
             error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
@@ -180,7 +186,7 @@ class Batcher:
         hypotheses = iter(found)
         for job, count in taken:
             for k in job.order[:count]:
-                job.found[k] = [self.translator.translation(h) for h in next(hypotheses)]
+                job.found[k] = [job.translator.translation(h) for h in next(hypotheses)]
             del job.order[:count]
             if job.order:
                 self.waiting.append(job)
@@ -192,6 +198,11 @@ def seeded(search: SearchConfig) -> bool:
     """Whether a request asks for the samples of a seed: its searches are its own, each started
     from the seed (the same request, the same samples, whatever else the server translates)."""
     return search.sampling and search.seed is not None
+
+
+def shared(job: Job, other: Job) -> bool:
+    """Whether two requests may share a search: the same model, the same options."""
+    return job.translator is other.translator and job.search == other.search
 
 
 def tokens(job: Job) -> int:

@@ -328,21 +328,23 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
 
 
 @main.command()
-@click.option("-m", "--model", "models", multiple=True, required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Checkpoint; repeat for an ensemble.")
+@click.option("-m", "--model", "models", multiple=True, required=True, metavar="[SRC-TGT=]CHECKPOINT",
+              help="Checkpoint, served for the languages it was trained on, or for SRC-TGT; repeat for several "
+                   "pairs (one pair again: an ensemble).")
 @config_options(ServeConfig)
-def serve(models: tuple[Path, ...], **options: Any) -> None:
-    """Serve translations over HTTP (the serve extra).
+def serve(models: tuple[str, ...], **options: Any) -> None:
+    """Serve translations over HTTP (the serve extra): nmt-cli's API and LibreTranslate's.
 
     Concurrent requests are translated together."""
-    from nmt_cli.checkpoint import load_bundle
     from nmt_cli.device import select
-    from nmt_cli.serve import serve as run_server
 
+    try:
+        from nmt_cli.serve import serve as run_server
+    except ImportError as e:
+        raise NmtError(f"nmt serve needs its extra ({e.name} is missing): pip install 'nmt-cli[serve]'") from None
     config = build(ServeConfig, **options)
     device, dtype = select(config.device, config.precision, config.threads)
-    run_server([load_bundle(path) for path in models], config, device, dtype)
+    run_server(list(models), config, device, dtype)
 
 
 @main.group()

@@ -1,15 +1,19 @@
-"""The bodies of `nmt serve`'s requests and answers as pydantic models, FastAPI's way: its
-/openapi.json and /docs show them. A request's search options are SearchConfig's own fields
+"""The bodies of `nmt serve`'s requests and answers: pydantic models, FastAPI's way (its
+/openapi.json and /docs show them), and a request read and checked against the server's limits,
+each fault a BadRequest of one line. A request's search options are SearchConfig's own fields
 (config.py), with their help, type and range, so an option is declared once for flags, the
 Python API and requests.
 """
 
-from dataclasses import fields
+import json
+from dataclasses import asdict, fields
 from typing import Any, Literal
+from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from nmt_cli.config import SearchConfig
+from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.options import check_applies
 
 # SearchConfig's fields that a request may set (the others are the server's: max_len, or not yet served).
 REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b", "allow_unk",
@@ -33,9 +37,16 @@ def option(name: str) -> tuple[Any, Any]:
 
 TranslateRequest = create_model(
     "TranslateRequest", __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False),
-    __doc__="Sentences to translate, one line each, with search options (those not given: the server's).",
+    __doc__="Sentences to translate, one line each, with search options (those not given: the model's).",
     text=(list[str], Field(description="The sentences, one line each.")),
+    source=(str | None, Field(None, description="The source language (with several pairs served).")),
+    target=(str | None, Field(None, description="The target language (with several pairs served).")),
     **{name: option(name) for name in REQUEST_OPTIONS})
+
+
+def options(request: Any) -> dict[str, Any]:
+    """The search options a request gives."""
+    return request.model_dump(exclude_none=True, include=set(REQUEST_OPTIONS))
 
 
 class Hypothesis(BaseModel):
@@ -65,7 +76,86 @@ def problem(error: ValidationError) -> str:
     first = error.errors()[0]
     where = [str(part) for part in first["loc"]]
     if first["type"] == "extra_forbidden":
-        return f"unknown option {where[0]!r} (known: text, {', '.join(REQUEST_OPTIONS)})"
+        return f"unknown option {where[0]!r} (known: text, source, target, {', '.join(REQUEST_OPTIONS)})"
     if where[:1] == ["text"] and len(where) > 1:
         return f"sentence {int(where[1]) + 1}: {first['msg'][0].lower()}{first['msg'][1:]}"
     return f"{'.'.join(where)}: {first['msg'][0].lower()}{first['msg'][1:]}"
+
+
+class BadRequest(ValueError):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def parse(body: Any, config: ServeConfig) -> Any:
+    """A /translate body as a TranslateRequest: its sentences within the server's --max-sentences
+    and --max-chars, one line each."""
+    if not isinstance(body, dict) or not isinstance(body.get("text"), list):
+        raise BadRequest(400, 'the body must be a JSON object with "text": a list of sentences')
+    if len(body["text"]) > config.max_sentences:
+        raise BadRequest(413, f"{len(body['text'])} sentences, more than the server's --max-sentences "
+                              f"{config.max_sentences}")
+    try:
+        request = TranslateRequest.model_validate(body)
+    except ValidationError as e:
+        raise BadRequest(400, problem(e)) from None
+    check_lines(request.text, config)
+    return request
+
+
+def check_lines(lines: list[str], config: ServeConfig) -> None:
+    for number, line in enumerate(lines, start=1):
+        if "\n" in line:
+            raise BadRequest(400, f"sentence {number}: not one line")
+        if len(line) > config.max_chars:
+            raise BadRequest(413, f"sentence {number}: {len(line)} characters, more than the server's "
+                                  f"--max-chars {config.max_chars}")
+
+
+def search_config(options: dict[str, Any], sentences: int, config: ServeConfig,
+                  defaults: SearchConfig = SearchConfig()) -> SearchConfig:
+    """The search of a request's `options` (the others: `defaults`, the model's, their length within
+    the server's --max-output-tokens), refused past the server's limits."""
+    try:
+        base = {**asdict(defaults), "max_len_b": min(defaults.max_len_b, config.max_output_tokens)}
+        search = SearchConfig(**{**base, **options, "max_len": config.max_output_tokens})
+        check_applies(search, options, name=lambda f: f.name)
+    except ValueError as e:
+        raise BadRequest(400, str(e)) from None
+    check_cost(search, sentences, config)
+    return search
+
+
+def check_cost(search: SearchConfig, sentences: int, config: ServeConfig) -> None:
+    """Refuse a request that would hold the translation thread longer than the server allows."""
+    if search.beam > config.max_beam:
+        raise BadRequest(400, f"beam {search.beam}: more than the server's --max-beam {config.max_beam}")
+    if search.max_len_b > config.max_output_tokens:
+        raise BadRequest(400, f"max_len_b {search.max_len_b}: more than the server's --max-output-tokens "
+                              f"{config.max_output_tokens}")
+    if sentences * search.beam > config.max_hypotheses:
+        raise BadRequest(413, f"{sentences} sentences x beam {search.beam}: more than the server's "
+                              f"--max-hypotheses {config.max_hypotheses}")
+
+
+def read_body(body: bytes, content_type: str | None) -> Any:
+    """A request's body: JSON, or a form (application/x-www-form-urlencoded, as LibreTranslate's
+    clients send: a field given twice is a list). JSON sent as a form (curl -d, urllib) is JSON."""
+    form = (content_type or "").split(";")[0].strip().lower() == "application/x-www-form-urlencoded"
+    if not form or body.lstrip()[:1] in (b"{", b"["):
+        return read_json(body)
+    try:
+        form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
+    except UnicodeDecodeError:
+        raise BadRequest(400, "the form is not UTF-8") from None
+    return {key: values if len(values) > 1 else values[0] for key, values in form.items()}
+
+
+def read_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise BadRequest(400, "the body is not JSON") from None
+    except RecursionError:
+        raise BadRequest(400, "the body is JSON nested too deeply") from None

@@ -21,85 +21,34 @@ stops on time.
 """
 
 import asyncio
-import json
 import logging
 import signal
 import socket
 import sys
 import threading
 import time
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from nmt_cli.access import Keys, RateLimit, bearer, is_open
 from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
-from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.config import ServeConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
-from nmt_cli.options import check_applies
+from nmt_cli.libretranslate import is_libretranslate, parse_libretranslate
+from nmt_cli.pairs import NoSuchPair, Pair, choose, languages, load_pairs
+from nmt_cli.schemas import BadRequest, options, parse, read_body, search_config
 from nmt_cli.translator import Translator, model_search
 from nmt_cli.version import __version__
 
 if TYPE_CHECKING:
     from nmt_cli.metrics import Metrics
 
-ROUTES = frozenset({"/translate", "/health", "/config", "/metrics", "/docs", "/openapi.json", "/"})  # others: "other"
+ROUTES = frozenset({"/translate", "/languages", "/health", "/config", "/metrics", "/docs", "/openapi.json", "/"})
+SHUTTING_DOWN = ("the server is shutting down (SIGTERM) and could not translate this within its --drain-seconds; "
+                 "send it again to another server")
 
 
-class BadRequest(ValueError):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
-
-def parse(body: Any, config: ServeConfig, defaults: SearchConfig = SearchConfig()) -> tuple[SearchConfig, list[str]]:
-    """The search options and sentences of a /translate body (schemas.TranslateRequest; the options
-    not given: `defaults`, the model's, their length within the server's --max-output-tokens);
-    BadRequest names what is wrong, and what exceeds a limit of the server (its --max-* options)
-    names the limit."""
-    from pydantic import ValidationError
-
-    from nmt_cli.schemas import TranslateRequest, problem
-
-    if not isinstance(body, dict) or not isinstance(body.get("text"), list):
-        raise BadRequest(400, 'the body must be a JSON object with "text": a list of sentences')
-    if len(body["text"]) > config.max_sentences:
-        raise BadRequest(413, f"{len(body['text'])} sentences, more than the server's --max-sentences "
-                              f"{config.max_sentences}")
-    try:
-        request = TranslateRequest.model_validate(body)
-    except ValidationError as e:
-        raise BadRequest(400, problem(e)) from None
-    for number, line in enumerate(request.text, start=1):
-        if "\n" in line:
-            raise BadRequest(400, f"sentence {number}: not one line")
-        if len(line) > config.max_chars:
-            raise BadRequest(413, f"sentence {number}: {len(line)} characters, more than the server's "
-                                  f"--max-chars {config.max_chars}")
-    options = request.model_dump(exclude_none=True, exclude={"text"})
-    try:
-        base = {**asdict(defaults), "max_len_b": min(defaults.max_len_b, config.max_output_tokens)}
-        search = SearchConfig(**{**base, **options, "max_len": config.max_output_tokens})
-        check_applies(search, options, name=lambda f: f.name)
-    except ValueError as e:
-        raise BadRequest(400, str(e)) from None
-    check_cost(search, len(request.text), config)
-    return search, request.text
-
-
-def check_cost(search: SearchConfig, sentences: int, config: ServeConfig) -> None:
-    """Refuse a request that would hold the translation thread longer than the server allows."""
-    if search.beam > config.max_beam:
-        raise BadRequest(400, f"beam {search.beam}: more than the server's --max-beam {config.max_beam}")
-    if search.max_len_b > config.max_output_tokens:
-        raise BadRequest(400, f"max_len_b {search.max_len_b}: more than the server's --max-output-tokens "
-                              f"{config.max_output_tokens}")
-    if sentences * search.beam > config.max_hypotheses:
-        raise BadRequest(413, f"{sentences} sentences x beam {search.beam}: more than the server's "
-                              f"--max-hypotheses {config.max_hypotheses}")
-
-
-def create_app(translator: Translator, config: ServeConfig, batcher: Batcher, metrics: "Metrics",
+def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher: Batcher, metrics: "Metrics",
                keys: Keys | None = None) -> Any:
     """The FastAPI application of `nmt serve`; its /docs need no internet (fastapi-offline)."""
     from fastapi import Request
@@ -111,8 +60,8 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher, me
     from nmt_cli.schemas import ErrorResponse, Health, TranslateRequest, TranslateResponse
 
     app = FastAPIOffline(title="nmt-cli", version=__version__, redoc_url=None,
-                         description="Translation with a Transformer (nmt-cli's `nmt serve`).")
-    model = translator.bundle
+                         description="Translation with a Transformer (nmt-cli's `nmt serve`); LibreTranslate's "
+                                     "API too (`q` for `text`).")
     errors: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse}
                                                for status in (400, 401, 413, 422, 429, 503)}
     limit = RateLimit(config.rate_limit) if config.rate_limit else None
@@ -122,7 +71,7 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher, me
     async def guard(request: Request, call_next: Any) -> Any:
         """Keys and the rate limit first; then the request's answer counted (and logged with --access-log)."""
         start, path = time.monotonic(), request.url.path
-        response = refuse(path, request.headers.get("authorization"), request.client) or await call_next(request)
+        response = await refuse(request) or await call_next(request)
         seconds = time.monotonic() - start
         metrics.answered(path if path in ROUTES else "other", response.status_code, seconds)
         if config.access_log:
@@ -130,35 +79,71 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher, me
             access.info("%s %s %s %d %.1f ms", client, request.method, path, response.status_code, 1000 * seconds)
         return response
 
-    def refuse(path: str, authorization: str | None, client: Any) -> Any:
+    async def refuse(request: Request) -> Any:
         """The answer to a request that may not go on (a missing or unknown key, too many), else None."""
-        if is_open(path):
+        if is_open(request.url.path):
             return None
-        key = bearer(authorization)
+        key = bearer(request.headers.get("authorization"))
+        if key is None and keys is not None and request.method == "POST":
+            key = await body_key(request)  # LibreTranslate's clients send it in the body
         if keys is not None and key not in keys:
             return JSONResponse({"error": "a missing or unknown API key: send the header Authorization: Bearer KEY"},
                                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        wait = limit.wait(key or (client.host if client else "-")) if limit is not None else 0
+        wait = limit.wait(key or (request.client.host if request.client else "-")) if limit is not None else 0
         if wait:
             return JSONResponse({"error": f"more than the server's --rate-limit {config.rate_limit} requests a "
                                           f"minute; try again in {wait} s"},
                                 status_code=429, headers={"Retry-After": str(wait)})
         return None
 
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus() -> Response:
-        return Response(metrics.text(), media_type=metrics.content_type)
-    body = {"required": True, "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}}}
+    async def body_key(request: Request) -> str | None:
+        try:
+            body = read_body(await request.body(), request.headers.get("content-type"))
+        except (BadRequest, ClientDisconnect):
+            return None
+        key = body.get("api_key") if isinstance(body, dict) else None
+        return key if isinstance(key, str) else None
+
+    def pair_of(source: str | None, target: str | None) -> Pair:
+        try:
+            return choose(list(translators), source, target)
+        except NoSuchPair as e:
+            raise BadRequest(400, str(e)) from None
+
+    async def translations(pair: Pair, given: dict[str, Any], lines: list[str]) -> tuple[Any, list]:
+        """The search of `given` options and the translations of `lines` by the model of `pair`."""
+        translator = translators[pair]
+        search = search_config(given, len(lines), config, translator.config.search)
+        if batcher.deadline is not None:
+            raise ShuttingDown
+        return search, await asyncio.wrap_future(batcher.submit(translator, search, lines))
+
+    async def answer(request: Request) -> Any:
+        """The answer to a /translate body: nmt-cli's, or LibreTranslate's (`q`)."""
+        body = read_body(await request.body(), request.headers.get("content-type"))
+        if is_libretranslate(body):
+            asked = parse_libretranslate(body, config.max_beam)
+            pair = pair_of(asked.source, asked.target)
+            if len(asked.lines) > config.max_sentences:
+                raise BadRequest(413, f"{len(asked.lines)} lines, more than the server's --max-sentences "
+                                      f"{config.max_sentences}")
+            _, found = await translations(pair, asked.options(translators[pair].config.search.beam), asked.lines)
+            return asked.answer(found, pair[0])
+        ours = parse(body, config)
+        search, found = await translations(pair_of(ours.source, ours.target), options(ours), ours.text)
+        result: dict[str, Any] = {"translations": [hyps[0].text if hyps else "" for hyps in found]}
+        if search.nbest > 1:
+            result["nbest"] = [[{"text": h.text, "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)}
+                                for h in hyps] for hyps in found]
+        return result
 
     @app.post("/translate", responses={200: {"model": TranslateResponse}, **errors},
-              openapi_extra={"requestBody": body})
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": TranslateRequest.model_json_schema()}}}})
     async def translate(request: Request) -> Any:
         """Translate sentences; requests that arrive together share a search."""
         try:
-            search, lines = parse(read_json(await request.body()), config, translator.config.search)
-            if batcher.deadline is not None:
-                raise ShuttingDown
-            found = await asyncio.wrap_future(batcher.submit(search, lines))
+            return await answer(request)
         except ClientDisconnect:
             return Response(status_code=499)  # nobody to answer
         except BadRequest as e:
@@ -168,14 +153,12 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher, me
         except NmtError as e:
             return JSONResponse({"error": str(e)}, status_code=422)
         except ShuttingDown:
-            return JSONResponse({"error": "the server is shutting down (SIGTERM) and could not translate this "
-                                          "within its --drain-seconds; send it again to another server"},
-                                status_code=503)
-        answer: dict[str, Any] = {"translations": [hyps[0].text if hyps else "" for hyps in found]}
-        if search.nbest > 1:
-            answer["nbest"] = [[{"text": h.text, "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)}
-                                for h in hyps] for hyps in found]
-        return answer
+            return JSONResponse({"error": SHUTTING_DOWN}, status_code=503)
+
+    @app.get("/languages")
+    async def served_languages() -> list[dict[str, Any]]:
+        """The language pairs, as LibreTranslate lists them: each source with its targets."""
+        return languages(list(translators))
 
     @app.get("/health", response_model=Health)
     async def health() -> dict[str, Any]:
@@ -183,25 +166,24 @@ def create_app(translator: Translator, config: ServeConfig, batcher: Batcher, me
         return {"status": "ok" if batcher.deadline is None else "draining", "requests": batcher.requests,
                 "searches": batcher.searches}
 
-    @app.get("/config")
-    async def model_config() -> dict[str, Any]:
-        """The model's architecture, text settings and vocabulary sizes."""
+    @app.get("/config", responses={400: {"model": ErrorResponse}})
+    async def model_config(source: str | None = None, target: str | None = None) -> Any:
+        """The architecture, text settings and vocabulary sizes of the model of a pair."""
+        try:
+            model = translators[pair_of(source, target)].bundle
+        except BadRequest as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
         return {"model_config": model.model.config.to_dict(), "text_config": model.text.to_dict(),
                 "src_vocab_size": len(model.src_vocab), "tgt_vocab_size": len(model.tgt_vocab)}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(metrics.text(), media_type=metrics.content_type)
 
     if config.cors_origin:  # outermost: a preflight is answered before the keys are asked for
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origin), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
     return app
-
-
-def read_json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise BadRequest(400, "the body is not JSON") from None
-    except RecursionError:
-        raise BadRequest(400, "the body is JSON nested too deeply") from None
 
 
 def check_address(host: str, port: int) -> None:
@@ -217,31 +199,32 @@ def check_address(host: str, port: int) -> None:
         raise NmtError(f"{host}:{port}: cannot listen there ({reason(e)}); choose another --host or --port") from None
 
 
-def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
+def serve(models: list[str], config: ServeConfig, device: Any, dtype: Any) -> None:
     """Run the server until SIGTERM or Ctrl-C; requests in flight get --drain-seconds to finish."""
     try:
         import fastapi_offline  # noqa: F401 (create_app's; checked here, before anything starts)
         import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError:
-        raise NmtError("nmt serve needs FastAPI, uvicorn and more: pip install 'nmt-cli[serve]'") from None
+        raise NmtError("nmt serve needs its extra: pip install 'nmt-cli[serve]'") from None
     from nmt_cli.connections import connection_cap, guarded_http, log_loop_error, log_once
     from nmt_cli.metrics import Metrics
 
     check_address(config.host, config.port)
     keys = Keys(config.api_keys) if config.api_keys is not None else None
     connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
-    translator = Translator(bundles, TranslateConfig(max_tokens=config.max_tokens,
-                                                     search=model_search(bundles[0], {})), device, dtype)
+    translators = {pair: Translator(bundles, TranslateConfig(max_tokens=config.max_tokens,
+                                                             search=model_search(bundles[0], {})), device, dtype)
+                   for pair, bundles in load_pairs(models).items()}
     metrics = Metrics(waiting=lambda: batcher.waiting_requests())
-    batcher = Batcher(translator, config, metrics.searched)
+    batcher = Batcher(config, metrics.searched)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             asyncio.get_running_loop().set_exception_handler(log_loop_error)
             await super().startup(sockets)
 
-    server = Server(uvicorn.Config(create_app(translator, config, batcher, metrics, keys), host=config.host,
+    server = Server(uvicorn.Config(create_app(translators, config, batcher, metrics, keys), host=config.host,
                                    port=config.port,
                                    log_level="warning", timeout_graceful_shutdown=config.drain_seconds,
                                    http=guarded_http(connections, config.read_timeout)))
@@ -268,8 +251,8 @@ def serve(bundles: list, config: ServeConfig, device: Any, dtype: Any) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         logging.getLogger("nmt.access").addHandler(handler)
         logging.getLogger("nmt.access").setLevel(logging.INFO)
-    print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')})",
-          flush=True)
+    print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')}; "
+          f"{', '.join(f'{source}-{target}' for source, target in translators)})", flush=True)
     web = threading.Thread(target=listen, name="nmt-http", daemon=True)
     web.start()
     batcher.run()  # on this thread, which loaded the model

@@ -301,9 +301,10 @@ def request(url: str, body: object = None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def serving(tmp_path: Path, *options, model: Path | None = None, device: str = "cpu", files: int | None = None):
-    """`nmt serve` of `model` (default: an untrained tiny one) on a free port, once it answers;
-    `files`: its open-file limit (soft and hard)."""
+def serving(tmp_path: Path, *options, model: Path | str | None = None, device: str = "cpu",
+            files: int | None = None):
+    """`nmt serve` of `model` (default: an untrained tiny one; or SRC-TGT=PATH) on a free port, once
+    it answers; `files`: its open-file limit (soft and hard)."""
     import resource
     import subprocess
     import sys

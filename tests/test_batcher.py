@@ -49,9 +49,20 @@ class Recorder:
         self.deadline = deadline
 
 
+class Serving(Batcher):
+    """A batcher of one translator, on a thread of its own."""
+
+    def __init__(self, translator, config: ServeConfig) -> None:
+        super().__init__(config)
+        self.translator = translator
+
+    def submit(self, search: SearchConfig, lines: list[str]):
+        return super().submit(self.translator, search, lines)
+
+
 def batcher(translator, **options) -> Batcher:
-    """A batcher running on a thread of its own."""
-    serving = Batcher(translator, ServeConfig(**{"batch_window_ms": 0.0, **options}))
+    """A batcher of `translator` running on a thread of its own."""
+    serving = Serving(translator, ServeConfig(**{"batch_window_ms": 0.0, **options}))
     serving.thread = threading.Thread(target=serving.run, daemon=True)
     serving.thread.start()
     return serving

@@ -55,7 +55,7 @@ def test_a_request_that_does_not_arrive_whole_in_time_is_cut_off(tmp_path):
     late = answer(headers)
     assert late.startswith(b"HTTP/1.1 408 ") and b"--read-timeout 1 seconds" in late
     assert answer(body) == b""  # the body begun: the request is dropped
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 8  # 1 s, and time for a loaded machine
     for client in (idle, headers, body):
         client.close()
     with connect(url) as client:  # after an answer, the next request on the connection has its time too

@@ -233,9 +233,9 @@ def test_everything_runs_on_an_imported_model(released, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "avg.pt").values(),
                                                  weights(tmp / "imported.pt").values()))
     from nmt_cli.config import ServeConfig
-    from nmt_cli.serve import parse
+    from nmt_cli.schemas import search_config
 
-    search, _ = parse({"text": ["a"], "beam": 2}, ServeConfig(), translator.config.search)
+    search = search_config({"beam": 2}, 1, ServeConfig(), translator.config.search)
     assert (search.beam, search.stopping, search.lenpen_form, search.max_len_b) == (2, "heuristic", "length", 256)
 
 

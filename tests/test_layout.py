@@ -16,7 +16,8 @@ LAYERS = (
     ("models in use", {"checkpoint", "generator", "pipeline", "records", "trainer", "progress", "runlog", "savedir",
                        "workers", "score", "plot", "release", "release_transformers", "release_marian"}),
     ("the commands and the API", {"translator", "translate", "train", "preprocess", "export", "marian", "serve",
-                                  "importer", "batcher", "connections", "schemas", "access", "metrics"}),
+                                  "importer", "batcher", "connections", "schemas", "access", "metrics", "pairs",
+                                  "libretranslate"}),
     ("the command line and the package", {"flags", "cli", "__main__", "__init__"}),
 )
 

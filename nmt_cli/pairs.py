@@ -1,0 +1,49 @@
+"""The language pairs of `nmt serve`: its `-m [SRC-TGT=]CHECKPOINT` values (a checkpoint without a
+pair serves its own, the languages it was preprocessed with; several checkpoints of one pair are
+an ensemble), the pair a request names, and the pairs as LibreTranslate's `/languages` lists them."""
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.checkpoint import ModelBundle, load_bundle
+
+Pair = tuple[str, str]
+NAMED = re.compile(r"([A-Za-z0-9_]+)-([A-Za-z0-9_]+)=(.+)")
+
+
+class NoSuchPair(ValueError):
+    """A request whose language pair the server does not serve (or names ambiguously)."""
+
+
+def load_pairs(values: Sequence[str]) -> dict[Pair, list[ModelBundle]]:
+    """The models of each pair, in the order given."""
+    pairs: dict[Pair, list[ModelBundle]] = {}
+    for value in values:
+        named = None if Path(value).exists() else NAMED.fullmatch(value)  # a file may have such a name
+        bundle = load_bundle(Path(named[3] if named else value))
+        pair = (named[1], named[2]) if named else (bundle.text.source_lang, bundle.text.target_lang)
+        pairs.setdefault(pair, []).append(bundle)
+    return pairs
+
+
+def choose(pairs: Sequence[Pair], source: str | None, target: str | None) -> Pair:
+    """The pair a request names: `source` and `target` (either may be left out, and the source may
+    be "auto", where one pair fits); NoSuchPair names the pairs served."""
+    fitting = [(s, t) for s, t in pairs if source in (None, "auto", s) and target in (None, t)]
+    if len(fitting) == 1:
+        return fitting[0]
+    served = ", ".join(f"{s}-{t}" for s, t in pairs)
+    asked = f"{source or 'any'}-{target or 'any'}"
+    if not fitting:
+        raise NoSuchPair(f"no model for {asked} (this server translates {served})")
+    raise NoSuchPair(f"{asked} fits {len(fitting)} language pairs ({served}): name the source and the target")
+
+
+def languages(pairs: Sequence[Pair]) -> list[dict[str, Any]]:
+    """LibreTranslate's list: each source language, with the targets it is translated into."""
+    sources: dict[str, list[str]] = {}
+    for source, target in pairs:
+        sources.setdefault(source, []).append(target)
+    return [{"code": source, "name": source, "targets": targets} for source, targets in sources.items()]
