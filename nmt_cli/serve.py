@@ -27,6 +27,7 @@ import socket
 import sys
 import threading
 import time
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from nmt_cli.access import Keys, RateLimit, bearer, is_open
@@ -154,6 +155,13 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
             return JSONResponse({"error": str(e)}, status_code=422)
         except ShuttingDown:
             return JSONResponse({"error": SHUTTING_DOWN}, status_code=503)
+
+    page = (resources.files("nmt_cli") / "page.html").read_text(encoding="utf-8")
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> Response:
+        """A page to try the server: a text box, the language pair, a button."""
+        return Response(page, media_type="text/html; charset=utf-8")
 
     @app.get("/languages")
     async def served_languages() -> list[dict[str, Any]]:
