@@ -38,7 +38,10 @@ class Job:
     translator: Translator  # the model of the request's language pair
     search: SearchConfig
     lines: list[str]
+    prefixes: list[str] | None = None  # each output starts with its sentence's
+    attention: bool = False  # each best translation with its alignment
     sources: list[list[int]] = field(default_factory=list)
+    forced: list[list[int]] = field(default_factory=list)  # the prefixes' ids
     order: list[int] = field(default_factory=list)
     found: dict[int, list[Translation]] = field(default_factory=dict)
     done: Future = field(default_factory=Future)
@@ -66,10 +69,12 @@ class Batcher:
         self.requests = self.searches = 0
         self.deadline: float | None = None
 
-    def submit(self, translator: Translator, search: SearchConfig, lines: list[str]) -> Future:
+    def submit(self, translator: Translator, search: SearchConfig, lines: list[str],
+               prefixes: list[str] | None = None, attention: bool = False) -> Future:
         """A future of each line's translations by `translator`, best first (none for an empty
-        line); failed with RequestTooLarge, ShuttingDown, or what the search raised."""
-        job = Job(translator, search, lines)
+        line), each starting with its prefix when given, the best with its alignment when
+        `attention`. Failed with RequestTooLarge, ShuttingDown, or what the search raised."""
+        job = Job(translator, search, lines, prefixes, attention)
         self.translators.add(translator)
         if self.deadline is not None:
             translator.stop_searches_at(self.deadline)
@@ -102,7 +107,9 @@ class Batcher:
                 raise ShuttingDown
             for number, line in enumerate(job.lines, start=1):
                 job.sources.append(ids := job.translator.source_ids(line, number))
-                tokens += len(ids)
+                if job.prefixes is not None:
+                    job.forced.append(job.translator.prefix_ids(job.prefixes[number - 1], number))
+                tokens += len(ids) + len(job.forced[-1] if job.forced else [])
                 if tokens > limit:
                     raise RequestTooLarge(f"sentences 1 to {number} come to {tokens} source tokens, more than the "
                                           f"server's --max-source-tokens {limit}")
@@ -171,22 +178,25 @@ class Batcher:
         try:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise ShuttingDown
-            search = taken[0][0].search
-            found = taken[0][0].translator.search_ids([ids for job, count in taken for ids in job.left[:count]], search,
-                                               reseed=seeded(search))
+            search, translator = taken[0][0].search, taken[0][0].translator
+            sources = [job.sources[k] for job, count in taken for k in job.order[:count]]
+            forced = [job.forced[k] for job, count in taken for k in job.order[:count]] if taken[0][0].forced else None
+            found = translator.search_ids(sources, search, forced, reseed=seeded(search))
         except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
             error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
             for job, _ in taken:
                 job.done.set_exception(error)
             return
         self.searches += 1
-        self.searched(len(found), sum(len(ids) for job, count in taken for ids in job.left[:count]),
-                      sum(len(hyps[0].tokens) for hyps in found if hyps))
+        self.searched(len(found), sum(map(len, sources)), sum(len(hyps[0].tokens) for hyps in found if hyps))
         self._take(timeout=0)  # those that came during the search go before a request cut short
         hypotheses = iter(found)
         for job, count in taken:
             for k in job.order[:count]:
-                job.found[k] = [job.translator.translation(h) for h in next(hypotheses)]
+                hyps = next(hypotheses)
+                job.found[k] = [translator.translation(h) for h in hyps]
+                if job.attention and hyps:
+                    job.found[k][0].alignment = translator.alignment(job.sources[k], hyps[0])
             del job.order[:count]
             if job.order:
                 self.waiting.append(job)
@@ -201,8 +211,9 @@ def seeded(search: SearchConfig) -> bool:
 
 
 def shared(job: Job, other: Job) -> bool:
-    """Whether two requests may share a search: the same model, the same options."""
-    return job.translator is other.translator and job.search == other.search
+    """Whether two requests may share a search: the same model, the same options, prefixes in both or neither."""
+    return job.translator is other.translator and job.search == other.search and (
+        (job.prefixes is None) == (other.prefixes is None))
 
 
 def tokens(job: Job) -> int:

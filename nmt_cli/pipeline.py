@@ -69,14 +69,14 @@ class TextPipeline:
         limit = self.max_positions - (2 if what == "prefix" else 1)
         return self._cut(ids, limit, number, f"{what} tokens", "keeping" if what == "prefix" else "scoring")
 
-    def prefix_alone(self, prefix: str, number: int) -> list[int]:
-        """The target ids of a prefix whose source is empty: the whole output, nothing being left
-        to translate (warned once, naming the line)."""
+    def prefix_alone(self, prefix: list[int], number: int) -> list[int]:
+        """The output of an empty source with a prefix (its target ids): the prefix alone, nothing
+        being left to translate (warned once, naming the line)."""
         if not self.alone:
             self.warn(f"warning: line {number}: an empty source with a prefix: its output is the prefix alone "
                       "(warned once)")
             self.alone = True
-        return self.target_ids(prefix, number)
+        return prefix
 
     def _cut(self, ids: list[int], limit: int, number: int, what: str, doing: str) -> list[int]:
         if len(ids) > limit:

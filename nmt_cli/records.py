@@ -16,12 +16,14 @@ from nmt_cli.errors import NmtError
 @dataclass
 class Translation:
     """One hypothesis: its text (in the output format), subword tokens, score (log-probability
-    over the length penalty, §6.1) and log-probability."""
+    over the length penalty, §6.1) and log-probability; its alignment where asked for
+    (`attention_record`'s)."""
 
     text: str
     tokens: list[str]
     score: float
     log_prob: float
+    alignment: dict[str, Any] | None = None
 
 
 @dataclass

@@ -41,6 +41,10 @@ TranslateRequest = create_model(
     text=(list[str], Field(description="The sentences, one line each.")),
     source=(str | None, Field(None, description="The source language (with several pairs served).")),
     target=(str | None, Field(None, description="The target language (with several pairs served).")),
+    prefixes=(list[str] | None, Field(None, description="Each sentence's translation starts with its prefix "
+                                                        "(one per sentence; an empty one: none).")),
+    attention=(bool | None, Field(None, description="Each best translation's alignment: the cross-attention "
+                                                    "of the last decoder layer, heads averaged.")),
     **{name: option(name) for name in REQUEST_OPTIONS})
 
 
@@ -55,10 +59,19 @@ class Hypothesis(BaseModel):
     log_prob: float = Field(description="Its log-probability.")
 
 
+class Alignment(BaseModel):
+    layer: int = Field(description="The decoder layer (from 1).")
+    src_tokens: list[str] = Field(description="The source subwords, </s> last.")
+    tgt_tokens: list[str] = Field(description="The output subwords, </s> last.")
+    weights: list[list[float]] = Field(description="Per output token, its attention over the source tokens.")
+
+
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="The best translation of each sentence (empty for an empty one).")
     nbest: list[list[Hypothesis]] | None = Field(None, description="With nbest > 1: each sentence's hypotheses, "
                                                                       "best first.")
+    alignments: list[Alignment | None] | None = Field(None, description="With attention: each best translation's "
+                                                                          "(null for an empty sentence).")
 
 
 class ErrorResponse(BaseModel):
@@ -76,9 +89,11 @@ def problem(error: ValidationError) -> str:
     first = error.errors()[0]
     where = [str(part) for part in first["loc"]]
     if first["type"] == "extra_forbidden":
-        return f"unknown option {where[0]!r} (known: text, source, target, {', '.join(REQUEST_OPTIONS)})"
-    if where[:1] == ["text"] and len(where) > 1:
-        return f"sentence {int(where[1]) + 1}: {first['msg'][0].lower()}{first['msg'][1:]}"
+        return (f"unknown option {where[0]!r} (known: text, source, target, prefixes, attention, "
+                f"{', '.join(REQUEST_OPTIONS)})")
+    if where[0] in ("text", "prefixes") and len(where) > 1:
+        what = "sentence" if where[0] == "text" else "prefix"
+        return f"{what} {int(where[1]) + 1}: {first['msg'][0].lower()}{first['msg'][1:]}"
     return f"{'.'.join(where)}: {first['msg'][0].lower()}{first['msg'][1:]}"
 
 
@@ -101,15 +116,20 @@ def parse(body: Any, config: ServeConfig) -> Any:
     except ValidationError as e:
         raise BadRequest(400, problem(e)) from None
     check_lines(request.text, config)
+    if request.prefixes is not None:
+        if len(request.prefixes) != len(request.text):
+            raise BadRequest(400, f"{len(request.prefixes)} prefixes for {len(request.text)} sentences: one each")
+        check_lines(request.prefixes, config, "prefix")
     return request
 
 
-def check_lines(lines: list[str], config: ServeConfig) -> None:
+def check_lines(lines: list[str], config: ServeConfig, what: str = "sentence") -> None:
+    """Each of `lines` one line, within --max-chars."""
     for number, line in enumerate(lines, start=1):
         if "\n" in line:
-            raise BadRequest(400, f"sentence {number}: not one line")
+            raise BadRequest(400, f"{what} {number}: not one line")
         if len(line) > config.max_chars:
-            raise BadRequest(413, f"sentence {number}: {len(line)} characters, more than the server's "
+            raise BadRequest(413, f"{what} {number}: {len(line)} characters, more than the server's "
                                   f"--max-chars {config.max_chars}")
 
 

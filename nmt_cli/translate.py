@@ -26,7 +26,6 @@ from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks
 from nmt_cli.records import attention_record, score_record, translations_record
-from nmt_cli.search import Hypothesis
 from nmt_cli.translator import CHUNK_LINES, Translator, model_search
 
 
@@ -42,8 +41,6 @@ def translate_lines(translator: Translator, lines: list[str], first_number: int 
     outputs = []
     for k, hyps in enumerate(found):
         number = first_number + k
-        if not hyps and pairs[k][1].strip():  # an empty source: its output is its prefix
-            hyps = [Hypothesis(translator.pipeline.prefix_alone(pairs[k][1], number), 0.0, 0.0)]
         weights = None
         if hyps and (config.attention_plot is not None or (config.format == "jsonl" and config.attention)):
             weights = translator.attention(sources[k], hyps[0].tokens)

@@ -25,7 +25,7 @@ from nmt_cli.generator import Generator
 from nmt_cli.lines import chunks
 from nmt_cli.options import check_applies
 from nmt_cli.pipeline import TextPipeline
-from nmt_cli.records import Scored, Translation
+from nmt_cli.records import Scored, Translation, attention_record
 from nmt_cli.search import Hypothesis, length_penalty
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
@@ -133,18 +133,33 @@ class Translator:
         if prefixes is not None and len(prefixes) != len(lines):
             raise ValueError(f"{len(lines)} lines but {len(prefixes)} prefixes")
         sources = [self.source_ids(line, first_number + k) for k, line in enumerate(lines)]
-        forced = None if prefixes is None else [self.pipeline.target_ids(prefix, first_number + k)
+        forced = None if prefixes is None else [self.prefix_ids(prefix, first_number + k)
                                                 for k, prefix in enumerate(prefixes)]
-        return sources, self.search_ids(sources, config, forced, reseed)
+        return sources, self.search_ids(sources, config, forced, reseed, first_number)
 
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         """The token ids of a source line (`number`: its number in warnings)."""
         return self.pipeline.source_ids(line, number)
 
+    def prefix_ids(self, prefix: str, number: int = 1) -> list[int]:
+        """The target ids of a prefix (`number`: its line's number in warnings)."""
+        return self.pipeline.target_ids(prefix, number)
+
     def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
-                   reseed: bool = False) -> list[list[Hypothesis]]:
-        """The hypotheses of sources given as token ids (`source_ids`), as `search` finds them."""
-        return self.generator.search(sources, config, forced, reseed)
+                   reseed: bool = False, first_number: int = 1) -> list[list[Hypothesis]]:
+        """The hypotheses of sources given as token ids (`source_ids`), each starting with its
+        prefix's ids when `forced` (`prefix_ids`); an empty source with a prefix: the prefix alone."""
+        found = self.generator.search(sources, config, forced, reseed)
+        for k, (source, prefix) in enumerate(zip(sources, forced or [])):
+            if not source and prefix:
+                found[k] = [Hypothesis(self.pipeline.prefix_alone(prefix, first_number + k), 0.0, 0.0)]
+        return found
+
+    def alignment(self, source: list[int], hypothesis: Hypothesis) -> dict[str, Any]:
+        """The cross-attention of the last decoder layer between a source (its ids) and a
+        hypothesis, heads averaged: one row of source weights per output token (an alignment)."""
+        weights = self.attention(source, hypothesis.tokens)
+        return attention_record(weights, None, self.pipeline.labels(source, hypothesis.tokens))
 
     def stop_searches_at(self, deadline: float | None) -> None:
         """Searches raise SearchInterrupted at their next step once time.monotonic() passes

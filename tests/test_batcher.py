@@ -32,7 +32,7 @@ class Recorder:
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         return [int(word) for word in line.split()]
 
-    def search_ids(self, sources: list[list[int]], config: SearchConfig,
+    def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
                    reseed: bool = False) -> list[list[Hypothesis]]:
         self.searches.append([" ".join(map(str, ids)) for ids in sources])
         self.started.set()

@@ -33,10 +33,32 @@ def server(tmp_path_factory):
     assert process.wait(timeout=60) == 0
 
 
-def expected(model, lines, **search):
-    translator = Translator([load_bundle(model)], TranslateConfig(SearchConfig(**search), format="jsonl"),
+def expected(model, lines, attention=False, prefix=False, **search):
+    """`nmt translate --format jsonl`'s records of `lines` (with `prefix`: SOURCE<TAB>PREFIX lines)."""
+    translator = Translator([load_bundle(model)], TranslateConfig(SearchConfig(**search), format="jsonl",
+                                                                  attention=attention, prefix=prefix),
                             torch.device("cpu"))
     return [json.loads(record) for record in translate_lines(translator, lines)]
+
+
+def test_prefixes_and_alignments_as_translate_gives_them(server):
+    model, url = server
+    prefixes = ["", "b", "c d", "", "", "", "a", ""]
+    status, answer = request(url + "/translate", {"text": LINES, "prefixes": prefixes, "attention": True})
+    records = expected(model, [f"{line}\t{prefix}" for line, prefix in zip(LINES, prefixes)], attention=True,
+                       prefix=True)
+    assert status == 200 and answer["translations"] == [r["translation"] for r in records]
+    assert answer["translations"][2] == "c d"  # an empty source with a prefix: the prefix alone
+    for alignment, record in zip(answer["alignments"], records):
+        if "attention" not in record:
+            assert alignment is None or not record["nbest"]
+            continue
+        assert alignment["src_tokens"] == record["attention"]["src_tokens"]
+        assert alignment["tgt_tokens"] == record["attention"]["tgt_tokens"]
+        torch.testing.assert_close(torch.tensor(alignment["weights"]), torch.tensor(record["attention"]["weights"]),
+                                   atol=1e-4, rtol=0)
+    status, answer = request(url + "/translate", {"text": ["a", "b"], "prefixes": ["c"]})
+    assert status == 400 and answer["error"] == "1 prefixes for 2 sentences: one each"
 
 
 def test_concurrent_requests_are_batched_and_answered_as_translate_does(server):
