@@ -333,9 +333,10 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
                    "pairs (one pair again: an ensemble).")
 @config_options(ServeConfig)
 def serve(models: tuple[str, ...], **options: Any) -> None:
-    """Serve translations over HTTP (the serve extra): nmt-cli's API and LibreTranslate's.
+    """Serve translations over HTTP (the serve extra).
 
-    Concurrent requests are translated together."""
+    nmt-cli's API and LibreTranslate's, a page to try it at /; concurrent requests are translated
+    together."""
     from nmt_cli.device import select
 
     try:

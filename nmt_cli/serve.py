@@ -198,6 +198,14 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
     return app
 
 
+def log_requests() -> None:
+    """--access-log: the line of each request on stderr, with its time."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logging.getLogger("nmt.access").addHandler(handler)
+    logging.getLogger("nmt.access").setLevel(logging.INFO)
+
+
 def check_address(host: str, port: int) -> None:
     """Refuse, in one line, an address this process cannot listen on (unknown, in use, not ours)."""
     try:
@@ -217,8 +225,8 @@ def serve(models: list[str], config: ServeConfig, device: Any, dtype: Any) -> No
         import fastapi_offline  # noqa: F401 (create_app's; checked here, before anything starts)
         import prometheus_client  # noqa: F401
         import uvicorn
-    except ImportError:
-        raise NmtError("nmt serve needs its extra: pip install 'nmt-cli[serve]'") from None
+    except ImportError as e:
+        raise NmtError(f"nmt serve needs its extra ({e.name} is missing): pip install 'nmt-cli[serve]'") from None
     from nmt_cli.connections import connection_cap, guarded_http, log_loop_error, log_once
     from nmt_cli.metrics import Metrics
 
@@ -236,9 +244,9 @@ def serve(models: list[str], config: ServeConfig, device: Any, dtype: Any) -> No
             asyncio.get_running_loop().set_exception_handler(log_loop_error)
             await super().startup(sockets)
 
-    server = Server(uvicorn.Config(create_app(translators, config, batcher, metrics, keys), host=config.host,
-                                   port=config.port,
-                                   log_level="warning", timeout_graceful_shutdown=config.drain_seconds,
+    app = create_app(translators, config, batcher, metrics, keys)
+    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                   timeout_graceful_shutdown=config.drain_seconds,
                                    http=guarded_http(connections, config.read_timeout)))
 
     def stop(sig: int, frame: Any) -> None:
@@ -259,10 +267,7 @@ def serve(models: list[str], config: ServeConfig, device: Any, dtype: Any) -> No
         signal.signal(signal.SIGHUP, lambda sig, frame: print(keys.reload(), file=sys.stderr, flush=True))
     log_once()
     if config.access_log:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        logging.getLogger("nmt.access").addHandler(handler)
-        logging.getLogger("nmt.access").setLevel(logging.INFO)
+        log_requests()
     print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')}; "
           f"{', '.join(f'{source}-{target}' for source, target in translators)})", flush=True)
     web = threading.Thread(target=listen, name="nmt-http", daemon=True)

@@ -127,7 +127,7 @@ def block_import(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
 
     def blocked(name, *args, **kwargs):
         if name.startswith(prefix):
-            raise ImportError(name)
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", blocked)
