@@ -9,7 +9,7 @@ whole of a large one that came first.
 import queue
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -53,15 +53,15 @@ class Job:
 
 
 class Batcher:
-    """Translates the waiting requests (`submit`) on the thread that calls `run`: the thread that
-    loaded the model, since PyTorch's CPU threads are slower for any other (1.4x in
-    tests/benchmarks/serve_fairness.py). Draining (SIGTERM), it goes on until a deadline, then stops
-    its search and answers the rest with ShuttingDown."""
+    """Translates the waiting requests (`submit`) of `translators` on the thread that calls `run`:
+    the thread that loaded the models, since PyTorch's CPU threads run a model slower for any other
+    (tests/benchmarks/PERFORMANCE.md, session 23). Draining (SIGTERM), it goes on until a deadline,
+    then stops its search and answers the rest with ShuttingDown. `searched`: told the sentences,
+    source and target tokens of each search."""
 
-    def __init__(self, config: ServeConfig,
+    def __init__(self, config: ServeConfig, translators: Iterable[Translator],
                  searched: Callable[[int, int, int], None] = lambda sentences, source, target: None) -> None:
-        self.config, self.searched = config, searched
-        self.translators: set[Translator] = set()  # those that have had requests (drain stops their searches)
+        self.config, self.translators, self.searched = config, list(translators), searched
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="nmt-encoder")
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.waiting: deque[Job] = deque()  # in turn order: a request cut short goes to the back
@@ -75,9 +75,6 @@ class Batcher:
         line), each starting with its prefix when given, the best with its alignment when
         `attention`. Failed with RequestTooLarge, ShuttingDown, or what the search raised."""
         job = Job(translator, search, lines, prefixes, attention)
-        self.translators.add(translator)
-        if self.deadline is not None:
-            translator.stop_searches_at(self.deadline)
         self.requests += 1
         self.encoder.submit(self._encode, job)
         return job.done
@@ -89,7 +86,7 @@ class Batcher:
     def drain(self, seconds: float) -> None:
         """Translate what is waiting for at most `seconds` (less a margin); then answer ShuttingDown."""
         self.deadline = time.monotonic() + max(0.0, seconds - DRAIN_MARGIN_SECONDS)
-        for translator in list(self.translators):
+        for translator in self.translators:
             translator.stop_searches_at(self.deadline)
 
     def close(self) -> None:
@@ -107,9 +104,10 @@ class Batcher:
                 raise ShuttingDown
             for number, line in enumerate(job.lines, start=1):
                 job.sources.append(ids := job.translator.source_ids(line, number))
+                tokens += len(ids)
                 if job.prefixes is not None:
-                    job.forced.append(job.translator.prefix_ids(job.prefixes[number - 1], number))
-                tokens += len(ids) + len(job.forced[-1] if job.forced else [])
+                    job.forced.append(prefix := job.translator.prefix_ids(job.prefixes[number - 1], number))
+                    tokens += len(prefix)
                 if tokens > limit:
                     raise RequestTooLarge(f"sentences 1 to {number} come to {tokens} source tokens, more than the "
                                           f"server's --max-source-tokens {limit}")

@@ -8,8 +8,9 @@ Mastodon's translation feature, libretranslatepy) can use `nmt serve`: `POST /tr
 from dataclasses import dataclass
 from typing import Any
 
+from nmt_cli.config import ServeConfig
 from nmt_cli.records import Translation
-from nmt_cli.schemas import BadRequest
+from nmt_cli.schemas import BadRequest, check_lines
 
 FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")
 
@@ -53,8 +54,9 @@ class LibreRequest:
         return answer
 
 
-def parse_libretranslate(body: dict[str, Any], max_alternatives: int) -> LibreRequest:
-    """A LibreTranslate request, its fields checked (form fields are strings: `alternatives` too)."""
+def parse_libretranslate(body: dict[str, Any], config: ServeConfig) -> LibreRequest:
+    """A LibreTranslate request, its fields checked (form fields are strings: `alternatives` too)
+    and its lines within the server's limits."""
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         raise BadRequest(400, f"unknown field {unknown[0]!r} (LibreTranslate's: {', '.join(FIELDS)})")
@@ -69,7 +71,13 @@ def parse_libretranslate(body: dict[str, Any], max_alternatives: int) -> LibreRe
     alternatives = body.get("alternatives", 0)
     if isinstance(alternatives, str) and alternatives.isdigit():
         alternatives = int(alternatives)
-    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or not 0 <= alternatives < max_alternatives:
-        raise BadRequest(400, f"alternatives: a number from 0 to {max_alternatives - 1}")
-    return LibreRequest(texts, isinstance(body["q"], str), body.get("source") or None, body.get("target") or None,
-                        alternatives)
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or not 0 <= alternatives < config.max_beam:
+        raise BadRequest(400, f"alternatives: a number from 0 to {config.max_beam - 1} (the server's --max-beam, "
+                              "less one)")
+    asked = LibreRequest(texts, isinstance(body["q"], str), body.get("source") or None, body.get("target") or None,
+                         alternatives)
+    if len(asked.lines) > config.max_sentences:
+        raise BadRequest(413, f"{len(asked.lines)} lines, more than the server's --max-sentences "
+                              f"{config.max_sentences}")
+    check_lines(asked.lines, config, "line")
+    return asked

@@ -124,11 +124,8 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
         """The answer to a /translate body: nmt-cli's, or LibreTranslate's (`q`)."""
         body = read_body(await request.body(), request.headers.get("content-type"))
         if is_libretranslate(body):
-            asked = parse_libretranslate(body, config.max_beam)
+            asked = parse_libretranslate(body, config)
             pair = pair_of(asked.source, asked.target)
-            if len(asked.lines) > config.max_sentences:
-                raise BadRequest(413, f"{len(asked.lines)} lines, more than the server's --max-sentences "
-                                      f"{config.max_sentences}")
             _, found = await translations(pair, asked.options(translators[pair].config.search.beam), asked.lines)
             return asked.answer(found, pair[0])
         ours = parse(body, config)
@@ -237,7 +234,7 @@ def serve(models: list[str], config: ServeConfig, device: Any, dtype: Any) -> No
                                                              search=model_search(bundles[0], {})), device, dtype)
                    for pair, bundles in load_pairs(models).items()}
     metrics = Metrics(waiting=lambda: batcher.waiting_requests())
-    batcher = Batcher(config, metrics.searched)
+    batcher = Batcher(config, translators.values(), metrics.searched)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

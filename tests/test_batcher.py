@@ -53,7 +53,7 @@ class Serving(Batcher):
     """A batcher of one translator, on a thread of its own."""
 
     def __init__(self, translator, config: ServeConfig) -> None:
-        super().__init__(config)
+        super().__init__(config, [translator])
         self.translator = translator
 
     def submit(self, search: SearchConfig, lines: list[str]):

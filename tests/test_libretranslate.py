@@ -11,9 +11,12 @@ import pytest
 from conftest import serving, tiny_checkpoint
 from libretranslatepy import LibreTranslateAPI
 
+from nmt_cli.config import ServeConfig
 from nmt_cli.libretranslate import parse_libretranslate
 from nmt_cli.records import Translation
 from nmt_cli.schemas import BadRequest
+
+LIMITS = ServeConfig(max_beam=4, max_sentences=2, max_chars=4)
 
 
 @pytest.mark.parametrize("body, reason", [
@@ -23,16 +26,18 @@ from nmt_cli.schemas import BadRequest
     ({"q": ["a", None]}, "q: a text or a list of texts"),
     ({"q": "a", "format": "html"}, "format 'html': only text is translated here, not html"),
     ({"q": "a", "target": 7}, "target: a language code, such as en"),
-    ({"q": "a", "alternatives": "many"}, "alternatives: a number from 0 to 3"),
-    ({"q": "a", "alternatives": 4}, "alternatives: a number from 0 to 3"),
+    ({"q": "a", "alternatives": "many"}, "alternatives: a number from 0 to 3 (the server's --max-beam, less one)"),
+    ({"q": "a", "alternatives": 4}, "alternatives: a number from 0 to 3 (the server's --max-beam, less one)"),
+    ({"q": "a\nb\nc"}, "3 lines, more than the server's --max-sentences 2"),
+    ({"q": ["a", "bcdef"]}, "line 2: 5 characters, more than the server's --max-chars 4"),
 ])
 def test_a_bad_request_is_refused_in_one_line(body, reason):
     with pytest.raises(BadRequest, match=f"^{reason}$".replace("(", r"\(").replace(")", r"\)")):
-        parse_libretranslate(body, max_alternatives=4)
+        parse_libretranslate(body, LIMITS)
 
 
 def test_answers_keep_the_lines_of_each_text_and_the_shape_of_q():
-    asked = parse_libretranslate({"q": ["a\nb", "c"], "source": "auto", "alternatives": "1"}, max_alternatives=4)
+    asked = parse_libretranslate({"q": ["a\nb", "c"], "source": "auto", "alternatives": "1"}, ServeConfig(max_beam=4))
     assert asked.lines == ["a", "b", "c"] and asked.options(beam=1) == {"nbest": 2, "beam": 2}
 
     def hyps(*texts: str) -> list[Translation]:
@@ -41,7 +46,7 @@ def test_answers_keep_the_lines_of_each_text_and_the_shape_of_q():
     answer = asked.answer([hyps("A", "A2"), hyps("B"), hyps("C", "C2")], "en")
     assert answer == {"translatedText": ["A\nB", "C"], "alternatives": [["A2\n"], ["C2"]],
                       "detectedLanguage": {"confidence": 100.0, "language": "en"}}
-    single = parse_libretranslate({"q": "a", "source": "en"}, max_alternatives=4)
+    single = parse_libretranslate({"q": "a", "source": "en"}, LIMITS)
     assert single.answer([hyps("A")], "en") == {"translatedText": "A"}
 
 
