@@ -335,8 +335,7 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
 def serve(models: tuple[str, ...], **options: Any) -> None:
     """Serve translations over HTTP (the serve extra).
 
-    nmt-cli's API and LibreTranslate's, a page to try it at /; concurrent requests are translated
-    together."""
+    nmt-cli's API and LibreTranslate's, a page at /; requests that arrive together share a search."""
     from nmt_cli.device import select
 
     try:
