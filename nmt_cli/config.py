@@ -363,7 +363,8 @@ class ServeConfig(Options):
     cors_origin: tuple[str, ...] = knob((), "Let the pages of this origin (https://example.com; *: any) call the "
                                         "server from a browser (repeatable).")
     api_keys: Path | None = knob(None, "A file of API keys, one per line (read again on SIGHUP): requests other than "
-                                 "/, /health and the API's description then need `Authorization: Bearer KEY`.",
+                                 "/, /health, /languages and the API's description then need `Authorization: "
+                                 "Bearer KEY` (or LibreTranslate's api_key).",
                                  path=_EXISTING_FILE)
     rate_limit: int | None = knob(None, "Requests a minute per API key (without keys: per client address); the next "
                                   "are answered 429 with Retry-After.", min=1)
