@@ -3,7 +3,7 @@ gives, and the caches follow a search's reorders of rows and sentences."""
 
 import pytest
 import torch
-from test_model import PAD, random_tokens, tiny_model
+from builders import PAD, random_tokens, tiny_model
 
 from nmt_cli import decoding
 

@@ -3,9 +3,10 @@ halves; int8 quantization on the CPU."""
 
 import pytest
 import torch
+from builders import LINES, translator
+from builders import run_translate as run
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
-from test_translate import LINES, run, translator
 
 from nmt_cli import generator, kernels
 from nmt_cli.checkpoint import load_bundle

@@ -10,10 +10,10 @@ import warnings
 
 import pytest
 import torch
+from builders import LEARNER, LEARNER_RECIPE, random_model, run_training, sources
+from builders import TRAIN_TINY as TINY
 from click.testing import CliRunner
 from conftest import synthetic_data_dir
-from test_search import random_model, sources
-from test_train import LEARNER, LEARNER_RECIPE, TINY, run_training
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli import kernels

@@ -4,8 +4,8 @@ on a GPU, tests/test_gpu.py replays real CUDA graphs."""
 
 import pytest
 import torch
+from builders import prefix_tensor, random_model, sources
 from conftest import replayed
-from test_search import prefix_tensor, random_model, sources
 
 from nmt_cli import graphs
 from nmt_cli.config import SearchConfig

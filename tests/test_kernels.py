@@ -7,7 +7,7 @@ import platform
 
 import pytest
 import torch
-from test_model import PAD, random_tokens, tiny_model
+from builders import PAD, random_tokens, tiny_model
 
 from nmt_cli import kernels
 from nmt_cli.kernels import Dropout

@@ -5,22 +5,9 @@ import math
 
 import pytest
 import torch
+from builders import PAD, TINY, random_tokens, tiny_model
 
-from nmt_cli.architecture import PRESETS
 from nmt_cli.model import Transformer, positional_encoding
-
-PAD = 0
-TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
-
-
-def tiny_model(seed: int = 0, shared: bool = True, **overrides) -> Transformer:
-    torch.manual_seed(seed)
-    tgt_vocab = 23 if shared else 31
-    return Transformer(TINY.replace(**overrides), 23, tgt_vocab, PAD, shared).eval()
-
-
-def random_tokens(batch: int, length: int, vocab: int = 23) -> torch.Tensor:
-    return torch.randint(4, vocab, (batch, length))
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])

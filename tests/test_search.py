@@ -5,32 +5,12 @@ import math
 
 import pytest
 import torch
+from builders import SEARCH_TINY, prefix_tensor, random_model, sources
 
 from nmt_cli import kernels, search
-from nmt_cli.architecture import PRESETS
 from nmt_cli.config import SearchConfig
-from nmt_cli.model import Transformer
 from nmt_cli.search import Ensemble, beam_search, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
-TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
-                                max_positions=64)
-
-
-def random_model(vocab: int, seed: int = 0, scale: float = 1.0, **variant) -> Transformer:
-    """TINY, or TINY with `variant`'s fields, its embeddings (learned positions too) times `scale`."""
-    torch.manual_seed(seed)
-    model = Transformer(TINY.replace(**variant), vocab, vocab, PAD_ID, True).eval()
-    with torch.no_grad():
-        model.tgt_embed.tokens.weight.mul_(scale)  # sharper distributions
-        if model.tgt_embed.learned is not None:
-            model.tgt_embed.learned.weight.mul_(scale)  # positions that matter
-    return model
-
-
-def sources(rows, vocab):
-    longest = max(len(r) for r in rows) + 1
-    return torch.tensor([r + [EOS_ID] + [PAD_ID] * (longest - len(r) - 1) for r in rows])
 
 
 def test_length_penalty_values():
@@ -117,7 +97,7 @@ def reference_beam_search(model, src, config):
 
     heuristic = config.stopping == "heuristic" and config.beam > 1
     banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
-    limit = int(max_lengths((src != PAD_ID).sum(1) - 1, config, TINY.max_positions)[0])
+    limit = int(max_lengths((src != PAD_ID).sum(1) - 1, config, SEARCH_TINY.max_positions)[0])
     live, finished = [(0.0, [])], []
     for step in range(limit + 1):
         candidates = []
@@ -263,11 +243,6 @@ def test_search_falls_back_to_the_model_projection_where_it_cannot_pack(monkeypa
     monkeypatch.setattr(kernels, "PackedProjection", lambda *args: attempts.append(args))
     bf16 = random_model(50, 4).to(torch.bfloat16)
     assert Ensemble([bf16]).projections[0] is bf16.output_projection and not attempts  # not even tried off float32
-
-
-def prefix_tensor(prefixes):
-    longest = max(len(p) for p in prefixes)
-    return torch.tensor([p + [-1] * (longest - len(p)) for p in prefixes])
 
 
 @pytest.mark.parametrize("beam", [1, 3])

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from builders import LEARNER, LEARNER_RECIPE, run_training
+from builders import TRAIN_TINY as TINY
 from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir
 
@@ -22,14 +24,6 @@ from nmt_cli.savedir import numbered
 from nmt_cli.train import TrainingRun
 from nmt_cli.trainer import label_smoothed_loss, learning_rate
 from nmt_cli.vocab import PAD_ID
-
-TINY = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=2, max_positions=64)
-
-
-def run_training(data, save_dir, model=TINY, **overrides):
-    config = TrainConfig(**{"max_tokens": 200, "warmup": 20, "lr_scale": 2.0, "log_interval": 10, "device": "cpu",
-                            "threads": 1, "save_interval_minutes": 1000.0, **overrides})
-    return TrainingRun(data, save_dir, model, config, progress_bar=False)
 
 
 def params(save_dir, name="checkpoint_last.pt"):
@@ -142,10 +136,6 @@ def test_label_smoothed_loss_gradient_matches_autograd_of_the_definition(compile
 
 
 # ---------------------------------------------------------------------------- training runs
-
-LEARNER = TINY.replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.0)
-LEARNER_RECIPE = {"lr_schedule": "inverse-sqrt", "lr": 3e-3, "warmup": 50, "max_tokens": 400}
-
 
 def test_training_lowers_validation_loss(tmp_path):
     data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")

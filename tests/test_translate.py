@@ -7,24 +7,15 @@ import subprocess
 import sys
 
 import pytest
-import torch
+from builders import LINES, translator
+from builders import run_translate as run
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
 
-from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.lines import arriving_chunks
 from nmt_cli.translate import translate_lines
-from nmt_cli.translator import Translator
-
-LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
-
-
-def translator(path, warnings=None, **options):
-    search = options.pop("search", SearchConfig(beam=3, max_len_a=1, max_len_b=3))
-    return Translator([load_bundle(path)], TranslateConfig(search=search, **options), torch.device("cpu"),
-                      warn=(warnings.append if warnings is not None else None))
 
 
 @pytest.fixture
@@ -63,10 +54,6 @@ def test_jsonl_nbest_with_scores(model_path):
     assert len(first["nbest"]) == 2 and first["nbest"][0]["score"] >= first["nbest"][1]["score"]
     assert first["translation"] == first["nbest"][0]["text"]
     assert records[1] == {"line": 2, "translation": "", "nbest": []}
-
-
-def run(*args, **kwargs):
-    return CliRunner().invoke(main, ["translate", *map(str, args)], **kwargs)
 
 
 def test_cli_file_to_file(model_path, tmp_path):

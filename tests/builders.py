@@ -1,0 +1,86 @@
+"""What several test modules build: tiny random Transformers (for the model's tests and for the
+search's), token batches, the search's source and prefix tensors, a tiny training run, a
+translator of a checkpoint, and `nmt translate` run in this process."""
+
+import torch
+from click.testing import CliRunner
+
+from nmt_cli.architecture import PRESETS
+from nmt_cli.checkpoint import load_bundle
+from nmt_cli.cli import main
+from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
+from nmt_cli.model import Transformer
+from nmt_cli.train import TrainingRun
+from nmt_cli.translator import Translator
+from nmt_cli.vocab import EOS_ID, PAD_ID
+
+# ---------------------------------------------------------------------------- models
+
+PAD = PAD_ID
+TINY = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
+SEARCH_TINY = TINY.replace(max_positions=64)
+
+
+def tiny_model(seed: int = 0, shared: bool = True, **overrides) -> Transformer:
+    """TINY with `overrides`, a source vocabulary of 23 (and a target one of 31 unless `shared`)."""
+    torch.manual_seed(seed)
+    tgt_vocab = 23 if shared else 31
+    return Transformer(TINY.replace(**overrides), 23, tgt_vocab, PAD, shared).eval()
+
+
+def random_tokens(batch: int, length: int, vocab: int = 23) -> torch.Tensor:
+    return torch.randint(4, vocab, (batch, length))
+
+
+def random_model(vocab: int, seed: int = 0, scale: float = 1.0, **variant) -> Transformer:
+    """SEARCH_TINY, or it with `variant`'s fields, its embeddings (learned positions too) times `scale`."""
+    torch.manual_seed(seed)
+    model = Transformer(SEARCH_TINY.replace(**variant), vocab, vocab, PAD_ID, True).eval()
+    with torch.no_grad():
+        model.tgt_embed.tokens.weight.mul_(scale)  # sharper distributions
+        if model.tgt_embed.learned is not None:
+            model.tgt_embed.learned.weight.mul_(scale)  # positions that matter
+    return model
+
+
+def sources(rows, vocab):
+    """Token rows as the search takes them: each ended by </s>, padded."""
+    longest = max(len(r) for r in rows) + 1
+    return torch.tensor([r + [EOS_ID] + [PAD_ID] * (longest - len(r) - 1) for r in rows])
+
+
+def prefix_tensor(prefixes):
+    """Forced prefixes as the search takes them: padded with -1."""
+    longest = max(len(p) for p in prefixes)
+    return torch.tensor([p + [-1] * (longest - len(p)) for p in prefixes])
+
+
+# ---------------------------------------------------------------------------- training
+
+TRAIN_TINY = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=2,
+                                      max_positions=64)
+LEARNER = TRAIN_TINY.replace(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.0)
+LEARNER_RECIPE = {"lr_schedule": "inverse-sqrt", "lr": 3e-3, "warmup": 50, "max_tokens": 400}
+
+
+def run_training(data, save_dir, model=TRAIN_TINY, **overrides):
+    config = TrainConfig(**{"max_tokens": 200, "warmup": 20, "lr_scale": 2.0, "log_interval": 10, "device": "cpu",
+                            "threads": 1, "save_interval_minutes": 1000.0, **overrides})
+    return TrainingRun(data, save_dir, model, config, progress_bar=False)
+
+
+# ---------------------------------------------------------------------------- translation
+
+LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
+
+
+def translator(path, warnings=None, **options):
+    """A Translator of the checkpoint at `path` on the CPU (beam 3, short outputs unless `search`)."""
+    search = options.pop("search", SearchConfig(beam=3, max_len_a=1, max_len_b=3))
+    return Translator([load_bundle(path)], TranslateConfig(search=search, **options), torch.device("cpu"),
+                      warn=(warnings.append if warnings is not None else None))
+
+
+def run_translate(*args, **kwargs):
+    """`nmt translate ARGS` in this process."""
+    return CliRunner().invoke(main, ["translate", *map(str, args)], **kwargs)
