@@ -43,6 +43,13 @@ def random_model(vocab: int, seed: int = 0, scale: float = 1.0, **variant) -> Tr
     return model
 
 
+def averaged_log_probs(models, src, tgt_in: list[int]) -> torch.Tensor:
+    """An ensemble's log-probabilities written out: the log of the mean of the models'
+    probabilities, at each position of `tgt_in` (in float64, then float32)."""
+    probs = [torch.softmax(model(src, torch.tensor([tgt_in]))[0].double(), -1) for model in models]
+    return torch.stack(probs).mean(0).log().float()
+
+
 def sources(rows, vocab):
     """Token rows as the search takes them: each ended by </s>, padded."""
     longest = max(len(r) for r in rows) + 1

@@ -1,9 +1,12 @@
 """The generator: ids in, hypotheses out; a batch the device has no memory for is searched in
-halves; int8 quantization on the CPU."""
+halves; int8 quantization on the CPU; an ensemble's scores against its members' averaged
+probabilities written out."""
+
+import copy
 
 import pytest
 import torch
-from builders import LINES, translator
+from builders import LINES, averaged_log_probs, random_model, sources, translator
 from builders import run_translate as run
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
@@ -16,6 +19,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.generator import Generator, quantize_int8
 from nmt_cli.search import Ensemble
 from nmt_cli.translate import translate_lines
+from nmt_cli.vocab import BOS_ID, EOS_ID
 
 
 @pytest.fixture
@@ -96,3 +100,14 @@ def test_quantize_int8_failure_of_torch_is_a_clear_error(model_path, monkeypatch
     monkeypatch.setattr(kernels, "quantize_int8", unavailable)
     with pytest.raises(NmtError, match=r"--quantize int8: this PyTorch cannot quantize on this CPU \(No module"):
         quantize_int8(model, torch.device("cpu"), torch.float32)
+
+
+def test_an_ensemble_scores_with_its_members_averaged_probabilities():
+    a, b = random_model(12, 2, scale=3.0), random_model(12, 9, scale=3.0)
+    pairs = [([4, 5, 6, 7], [5, 6]), ([8, 9], [7, 8, 9, 10]), ([11], [])]
+    expected = [[averaged_log_probs([a, b], sources([src], 12), [BOS_ID] + tgt)[k, y].item()
+                 for k, y in enumerate(tgt + [EOS_ID])] for src, tgt in pairs]
+    generator = Generator([copy.deepcopy(a), copy.deepcopy(b)], torch.device("cpu"), max_tokens=1000)
+    scored = generator.score([src for src, _ in pairs], [tgt for _, tgt in pairs])
+    assert [len(s) for s in scored] == [len(e) for e in expected]
+    assert [lp for s in scored for lp in s] == pytest.approx([lp for e in expected for lp in e], abs=1e-4)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from builders import SEARCH_TINY, prefix_tensor, random_model, sources
+from builders import SEARCH_TINY, averaged_log_probs, prefix_tensor, random_model, sources
 
 from nmt_cli import kernels, search
 from nmt_cli.config import SearchConfig
@@ -87,14 +87,16 @@ def test_narrow_beam_scores_are_the_models_penalized_log_probabilities():
                                     abs=1e-4)
 
 
-def reference_beam_search(model, src, config):
+def reference_beam_search(models, src, config):
     """The search written out plainly for one sentence: full forward passes, one hypothesis at
-    the start, every candidate scored. Same finishing rules (search module docstring): with the
+    the start, every candidate scored; `models`: a model, or several whose probabilities are
+    averaged (an ensemble). Same finishing rules (search module docstring): with the
     heuristic stopping, the `beam` best finished are kept, and the sentence goes on while the best
     live hypothesis over the penalty of its present length beats the worst of them."""
     def penalty(length):
         return length_penalty(length, config.lenpen, config.lenpen_form)
 
+    members = models if isinstance(models, list) else [models]
     heuristic = config.stopping == "heuristic" and config.beam > 1
     banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
     limit = int(max_lengths((src != PAD_ID).sum(1) - 1, config, SEARCH_TINY.max_positions)[0])
@@ -102,7 +104,7 @@ def reference_beam_search(model, src, config):
     for step in range(limit + 1):
         candidates = []
         for score, tokens in live:
-            lprobs = torch.log_softmax(model(src, torch.tensor([[BOS_ID] + tokens]))[0, -1], -1)
+            lprobs = averaged_log_probs(members, src, [BOS_ID] + tokens)[-1]
             lprobs[banned] = -math.inf
             if step == limit:
                 lprobs[torch.arange(len(lprobs)) != EOS_ID] = -math.inf
@@ -170,6 +172,18 @@ def test_ensemble_of_a_model_with_itself_is_the_model():
     for a, b in zip(one, two):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+@pytest.mark.parametrize("rules", [{}, {"lenpen_form": "length", "lenpen": 1.0, "stopping": "heuristic"}])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_an_ensemble_of_two_models_searches_their_averaged_probabilities(beam, rules):
+    a, b = random_model(12, 2, scale=3.0), random_model(12, 9, scale=3.0)
+    config = SearchConfig(beam=beam, nbest=beam, max_len_a=1, max_len_b=4, **rules)
+    for row in ([4, 5, 6, 7], [8, 9, 10], [11]):
+        found = beam_search(Ensemble([a, b]), sources([row], 12), config)[0]
+        expected = reference_beam_search([a, b], sources([row], 12), config)
+        assert [h.tokens for h in found] == [tokens for _, _, tokens in expected]
+        assert [h.score for h in found] == pytest.approx([score for score, _, _ in expected], abs=1e-4)
 
 
 def test_ensemble_differs_from_its_members():
