@@ -51,7 +51,8 @@ def test_a_batch_the_gpu_has_no_memory_for_is_searched_in_halves(model_path, tmp
     monkeypatch.setattr(generator, "beam_search", short_of_memory)
     tokens = [[h.tokens for h in hyps] for hyps in expected]
     assert [[h.tokens for h in hyps] for hyps in halving.search(sources, config)] == tokens
-    assert searched == [6, 3, 1, 2, 3, 1, 2]  # the 6 non-empty lines, then halves of halves
+    fitted = [n for n in searched if n <= 2]  # the searches that fit: each sentence in exactly one
+    assert searched[0] == 6 and sum(fitted) == 6 and len(searched) > len(fitted)
     assert [slots for slots, *_ in halving.models.graphs[0].decoders] == [1, 2]  # the 8-slot one was given back
     assert warnings == ["warning: CUDA out of memory for 6 sentences at once: translating such batches in halves "
                         "(a smaller --max-tokens avoids the retries)"]

@@ -80,7 +80,8 @@ def test_iteration_translates_any_number_of_lines_a_chunk_at_a_time(model_path, 
                         search(sources, *args))
     lines = (line for _ in range(5) for line in LINES)  # a generator: never a list in memory
     assert list(translator.translate_iter(lines, chunk_lines=4)) == translator.translate(LINES * 5)
-    assert searched[:-1] == [4] * 8 + [3]  # 35 lines in chunks of 4, then all of them at once
+    iterated = searched[:-1]  # the last: translate() of them all at once
+    assert max(iterated) <= 4 and sum(iterated) == 5 * len(LINES)  # each line once, never more than 4 held
 
 
 def test_scores_of_given_targets_are_the_searchs_log_probabilities(model_path):
