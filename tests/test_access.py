@@ -65,6 +65,7 @@ def post(url: str, key: str | None, origin: str | None = None) -> tuple[int, Any
         return e.code, e.headers
 
 
+@pytest.mark.slow
 def test_a_server_with_keys_and_a_rate_limit(tmp_path):
     (tmp_path / "keys.txt").write_text("first\n")
     _, url, process = serving(tmp_path, "--api-keys", tmp_path / "keys.txt", "--rate-limit", 2, "--access-log")
@@ -84,6 +85,7 @@ def test_a_server_with_keys_and_a_rate_limit(tmp_path):
     assert " POST /translate 401 " in log and " POST /translate 429 " in log and " GET /health 200 " in log
 
 
+@pytest.mark.slow
 def test_a_browser_page_of_an_allowed_origin_may_call_the_server(tmp_path):
     (tmp_path / "keys.txt").write_text("k\n")
     _, url, process = serving(tmp_path, "--cors-origin", "https://app.example", "--api-keys", tmp_path / "keys.txt")

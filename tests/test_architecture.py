@@ -22,6 +22,7 @@ def built_params(config: ModelConfig, vocab: int) -> int:
     ],
     ids=["base", "big", "B-dk16", "C-d256", "small-variant"],
 )
+@pytest.mark.slow
 def test_analytic_count_equals_built_model(config):
     assert config.num_parameters(37000, 37000, shared_vocab=True) == built_params(config, 37000)
 

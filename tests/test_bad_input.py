@@ -288,6 +288,7 @@ def test_filtered_lines_are_counted(tmp_path):
     assert meta["splits"]["train"]["pairs_out"] == 3
 
 
+@pytest.mark.slow
 def test_a_full_stdout_is_one_line_and_a_closed_pipe_a_quiet_end(tmp_path):
     """`nmt translate > /dev/full` and `nmt translate | head -c 0`: no traceback, nothing that
     fails again as the interpreter exits."""

@@ -23,6 +23,7 @@ def run(script: str, *args: object) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_train_speed(tmp_path):
     data = synthetic_data_dir(tmp_path)
     (plain,) = run("train_speed.py", data, "--max-tokens", 200, "--warmup", 1, "--updates", 2, "--threads", 1)
@@ -32,6 +33,7 @@ def test_train_speed(tmp_path):
     assert all(ab[f"target_tokens_per_s_{kind}"] > 0 for kind in ("ours", "torch", "none"))
 
 
+@pytest.mark.slow
 def test_decode_speed(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -42,6 +44,7 @@ def test_decode_speed(tmp_path):
     assert result["device_busy"] is None and "aten::" in (tmp_path / "profile.txt").read_text()
 
 
+@pytest.mark.slow
 def test_graph_check(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -51,6 +54,7 @@ def test_graph_check(tmp_path):
     assert result["operations_per_step"]["decoder"] > 0 and result["operations_per_step"]["rest"] > 0
 
 
+@pytest.mark.slow
 def test_gpu_speed_runs_its_code_path_on_the_cpu():
     # A CPU-sized peak (1 TFLOP/s): against the default H100 peak, the CPU's MFU rounds to 0.0 in a slow run.
     result, plain, ratio = run("gpu_speed.py", "--device", "cpu", "--precision", "fp32", "--arch", "small",
@@ -62,28 +66,33 @@ def test_gpu_speed_runs_its_code_path_on_the_cpu():
     assert ratio["speedup_over_torch_nn_transformer"] > 0
 
 
+@pytest.mark.slow
 def test_attention_speed():
     results = run("attention_speed.py", "--rounds", 1, "--repeat", 1, "--threads", 1)
     assert results and all(r["fused_ms"][0] > 0 and r["written_out_ms"][0] > 0 for r in results)
 
 
+@pytest.mark.slow
 def test_preprocess_speed(multi30k):
     *runs, speedup = run("preprocess_speed.py", "--lines", 300, "--bpe-merges", 200, "--rounds", 2)
     assert [r["workers"] for r in runs] == [1, 2, 1, 2] and all(r["train_pairs"] == 300 for r in runs)
     assert len(speedup["per_round"]["bpe_binarize"]) == 2
 
 
+@pytest.mark.slow
 def test_matmul_speed():
     results = run("matmul_speed.py", "--scale", 0.25, "--seconds", 0.05, "--rounds", 1)
     assert len(results) == 4 and all(r["gflops_1_thread"] > 0 and r["gflops_2_threads"] > 0 for r in results)
     assert all(r["gflops_slowest_of_2_processes_at_once"] > 0 for r in results)
 
 
+@pytest.mark.slow
 def test_learning_margin():
     (result,) = run("learning_margin.py", "--paths", "avx2")
     assert result["path"] == "avx2" and all(0 <= result[k][0] <= 1 for k in ("best_fp32", "best_int8", "last_fp32"))
 
 
+@pytest.mark.slow
 def test_resume_paths():
     done = subprocess.run([sys.executable, str(BENCHMARKS / "resume_paths.py")], capture_output=True, text=True,
                           timeout=300)
@@ -92,6 +101,7 @@ def test_resume_paths():
     assert len(lines) == 3 and lines[0].endswith("bit-identical")  # the same path: resume is exact
 
 
+@pytest.mark.slow
 def test_serve_load(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -100,6 +110,7 @@ def test_serve_load(tmp_path):
     assert all(level["sentences_per_s"] > 0 and level["p99_ms"] >= level["p50_ms"] > 0 for level in levels)
 
 
+@pytest.mark.slow
 def test_serve_fairness(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"] * 20)
@@ -109,6 +120,7 @@ def test_serve_fairness(tmp_path):
     assert result["small_alone_ms"] > 0 and result["small_behind_large_ms_worst"] > 0 and result["large_ms_median"] > 0
 
 
+@pytest.mark.slow
 def test_ctranslate2_decode_speed(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -116,6 +128,7 @@ def test_ctranslate2_decode_speed(tmp_path):
     assert result["sentences"] == 3 and result["max_token_logprob_difference"] < 1e-4
 
 
+@pytest.mark.slow
 def test_transformers_export(tmp_path):
     model = tiny_sentencepiece_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -143,6 +156,7 @@ def test_import_exactness(tmp_path, multi30k):
     assert result["beam_lines"] == 10 and result["beam_equal"] >= 9  # one may end at the length limit (PERFORMANCE.md)
 
 
+@pytest.mark.slow
 def test_translate_startup(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -156,6 +170,7 @@ def test_translate_startup(tmp_path):
     assert untrained["model"] == "small" and untrained["stages_s"]["load_checkpoint"] > 0
 
 
+@pytest.mark.slow
 def test_host_overhead_runs_an_update_on_the_meta_device():
     (result,) = run("host_overhead.py", "--arch", "small", "--vocab", 200, "--max-tokens", 300, "--updates", 2,
                     "--clip-norm", 1.0)
@@ -167,6 +182,7 @@ def test_host_overhead_runs_an_update_on_the_meta_device():
     assert not {"aten.mm", "aten.addmm", "aten.logsumexp"} & outside.keys()  # the model and its loss inside
 
 
+@pytest.mark.slow
 def test_host_overhead_runs_search_steps_on_the_meta_device():
     """A search step's operators on meta, eager and with --cuda-graphs: the graphs leave only the
     search's bookkeeping to the host (no decoder layer), and the host reads every 8th step."""

@@ -20,6 +20,7 @@ def subword_nmt_codes(word_counts: Counter, merges: int) -> str:
     return codes.getvalue()
 
 
+@pytest.mark.slow
 def test_learned_codes_are_subword_nmts(multi30k):
     """The same merges in the same order as subword-nmt's learn-bpe: on real text, and on words of
     two letters whose pairs tie all the time, run until no pair occurs twice."""

@@ -45,6 +45,7 @@ def stop(process, log) -> str:
     return log.read_text()
 
 
+@pytest.mark.slow
 def test_a_request_that_does_not_arrive_whole_in_time_is_cut_off(tmp_path):
     _, url, process = serving(tmp_path, "--read-timeout", 1)
     idle, headers, body = connect(url), connect(url), connect(url)
@@ -67,6 +68,7 @@ def test_a_request_that_does_not_arrive_whole_in_time_is_cut_off(tmp_path):
     assert "Traceback" not in stop(process, tmp_path / "serve.log")
 
 
+@pytest.mark.slow
 def test_connections_past_max_connections_are_answered_503(tmp_path):
     _, url, process = serving(tmp_path, "--max-connections", 3)
     time.sleep(0.5)  # the start's health checks have closed their connections
@@ -108,6 +110,7 @@ def test_a_flood_of_slow_clients_past_the_open_file_limit_leaves_the_server_serv
     assert "Traceback" not in log and len(log.splitlines()) < 10, log[-3000:]
 
 
+@pytest.mark.slow
 def test_repeated_garbage_is_logged_once(tmp_path):
     _, url, process = serving(tmp_path)
     for _ in range(30):

@@ -94,6 +94,7 @@ VARIANTS = [({}, True), ({"norm": "pre"}, True), ({"positions": "learned"}, Fals
 
 
 @pytest.mark.parametrize("variant, shared", VARIANTS)
+@pytest.mark.slow
 def test_ctranslate2_scores_and_searches_like_us(tmp_path, variant, shared):
     from nmt_cli.export import save_ctranslate2
 

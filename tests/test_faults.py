@@ -57,6 +57,7 @@ def kill_while(process: subprocess.Popen, save_dir: Path, during_write: bool, rn
     return False
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path):
     data = synthetic_data_dir(tmp_path)
     subprocess.run(train_command(data, tmp_path / "straight"), check=True, env=ENV, timeout=300)
@@ -80,6 +81,7 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_interrupt_saves_the_current_update_and_says_how_to_resume(tmp_path, sig):
     data = synthetic_data_dir(tmp_path)
     save_dir = tmp_path / "ck"
@@ -98,6 +100,7 @@ def test_interrupt_saves_the_current_update_and_says_how_to_resume(tmp_path, sig
     assert saved >= 1 and f"checkpoint saved at update {saved}" in stderr
 
 
+@pytest.mark.slow
 def test_a_failing_process_stops_the_others(tmp_path):
     data = synthetic_data_dir(tmp_path)
     wrapper = tmp_path / "fail_on_rank1.py"
@@ -121,6 +124,7 @@ def test_a_failing_process_stops_the_others(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["translate", "preprocess"])
+@pytest.mark.slow
 def test_killed_translate_or_preprocess_leaves_nothing_that_looks_complete(tmp_path, command):
     from conftest import SYMBOLS, tiny_checkpoint, write_lines
 
@@ -170,6 +174,7 @@ def test_sigterm_to_translate_leaves_nothing_behind(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.src", "m.pt"]
 
 
+@pytest.mark.slow
 def test_a_failing_checkpoint_write_is_one_line_and_leaves_nothing(tmp_path):
     """A real write error inside torch's zip writer (files limited to 100 kB, as a full disk would)."""
     import resource
@@ -187,6 +192,7 @@ def test_a_failing_checkpoint_write_is_one_line_and_leaves_nothing(tmp_path):
     assert not list((tmp_path / "ck").iterdir())  # no temporary, no lock, no half checkpoint
 
 
+@pytest.mark.slow
 def test_preprocess_on_a_full_disk_and_interrupted_with_workers_says_one_line(tmp_path):
     """Writes that fail (files limited to 20 kB) and Ctrl-C to a run with 2 workers: one line each,
     no traceback, nothing left beside the inputs."""

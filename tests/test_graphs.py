@@ -40,6 +40,7 @@ GRAPH_CASES = {  # members, beam, nbest, prefixes of the 5 sentences, model
 
 @pytest.mark.parametrize("capture", ["eager", "replayed"])
 @pytest.mark.parametrize("case", GRAPH_CASES)
+@pytest.mark.slow
 def test_the_search_on_fixed_shapes_finds_the_same_hypotheses(monkeypatch, capture, case):
     """Ensemble(graphs=True): the decoder on fixed-shape tensors (graphs.StaticDecoder), run as
     it is on the CPU and replayed as a CUDA graph would be (conftest.replayed), finds the

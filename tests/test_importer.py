@@ -61,6 +61,7 @@ def english(n):
     return head(MULTI30K / "train.en", n)
 
 
+@pytest.mark.slow
 def test_token_ids_are_marian_tokenizers(any_release):
     tmp, _, tokenizer, translator = any_release
     lines = english(1000) + [">>fra<< A tagged line.", "  spaced   out  ", ">>x<<", "Ünïcödé — “quotes” 3½"]
@@ -74,6 +75,7 @@ def test_token_ids_are_marian_tokenizers(any_release):
     assert targets == tokenizer(text_target=german)["input_ids"]
 
 
+@pytest.mark.slow
 def test_logits_are_marian_mt_models(any_release):
     tmp, model, tokenizer, translator = any_release
     lines, german = english(16), head(MULTI30K / "train.de", 16)
@@ -134,6 +136,7 @@ def test_the_released_settings_are_the_checkpoints_search(released):
     assert about["subwords"] == "SentencePiece (one model per side)" and "swish" in about["architecture"]
 
 
+@pytest.mark.slow
 def test_scores_are_marian_mt_models(any_release, tmp_path):
     tmp, model, tokenizer, translator = any_release
     lines, german = english(8), head(MULTI30K / "train.de", 8)
@@ -191,6 +194,7 @@ def weights(path):
     return ckpt.load(path)["model"]
 
 
+@pytest.mark.slow
 def test_an_imported_model_exported_and_imported_again_is_the_same(released):
     tmp = released[0]
     assert cli("export", "-m", tmp / "imported.pt", "--format", "transformers", "-o", tmp / "again").exit_code == 0
@@ -205,6 +209,7 @@ def test_an_imported_model_exported_and_imported_again_is_the_same(released):
     assert "early_stopping False), both dividing" in card and "Both stop an output after 510 tokens" in card
 
 
+@pytest.mark.slow
 def test_a_trained_model_exported_and_imported_translates_as_it_did(exported, tmp_path):
     tmp, bundle, sources = exported
     import_model(tmp / "hf", tmp_path / "imported.pt")
@@ -218,6 +223,7 @@ def test_a_trained_model_exported_and_imported_translates_as_it_did(exported, tm
         Translator.load(tmp / "ck/checkpoint_last.pt").translate(sources)
 
 
+@pytest.mark.slow
 def test_everything_runs_on_an_imported_model(released, tmp_path):
     tmp, model, tokenizer, translator = released
     lines = english(20)
@@ -253,6 +259,7 @@ def test_nmt_serve_answers_with_the_releases_settings(released, tmp_path):
     assert status == 200 and answer["translations"] == translator.translate(english(3), max_len_b=12)
 
 
+@pytest.mark.slow
 def test_ctranslate2_greedy_is_ours(released, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     tmp, _, _, translator = released

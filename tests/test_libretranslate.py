@@ -50,6 +50,7 @@ def test_answers_keep_the_lines_of_each_text_and_the_shape_of_q():
     assert single.answer([hyps("A")], "en") == {"translatedText": "A"}
 
 
+@pytest.mark.slow
 def test_a_libretranslate_client_uses_a_server_of_two_pairs(tmp_path):
     (tmp_path / "keys.txt").write_text("k\n")
     forward, backward = tiny_checkpoint(tmp_path / "f.pt", seed=1), tiny_checkpoint(tmp_path / "b.pt", seed=2)

@@ -17,6 +17,8 @@ from nmt_cli.pipeline import TextPipeline
 from nmt_cli.release import sines_then_cosines
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.slow  # every test here builds and exports a model (the `exported` fixture)
+
 transformers = pytest.importorskip("transformers")
 
 

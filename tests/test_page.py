@@ -33,6 +33,7 @@ def authorized(url: str, lines: list[str], key: str) -> list[str]:
         return json.loads(answer.read())["translations"]
 
 
+@pytest.mark.slow
 def test_the_page_translates_what_is_typed_as_the_api_does(browser, tmp_path):
     (tmp_path / "keys.txt").write_text("secret\n")
     _, url, process = serving(tmp_path, "--api-keys", tmp_path / "keys.txt")

@@ -121,6 +121,7 @@ def sampled_data(corpus, dest, workers, model=("--vocab-size", 600)):
     return dest
 
 
+@pytest.mark.slow
 def test_sampled_segmentations_are_the_same_text_cut_otherwise(corpus, tmp_path):
     data = sampled_data(corpus, tmp_path / "data", workers=2)
     meta = json.loads((data / "meta.json").read_text())
@@ -139,6 +140,7 @@ def test_sampled_segmentations_are_the_same_text_cut_otherwise(corpus, tmp_path)
         assert (again / name).read_bytes() == (data / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_training_takes_a_sampled_segmentation_per_epoch_and_resumes_exactly(corpus, tmp_path):
     import torch
 

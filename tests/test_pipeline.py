@@ -3,6 +3,7 @@
 import json
 import random
 
+import pytest
 import sacrebleu
 import torch
 from click.testing import CliRunner
@@ -22,6 +23,7 @@ REVERSAL_TRAINING = TrainConfig(max_tokens=600, lr_schedule="inverse-sqrt", lr=1
                                 threads=2, save_interval_minutes=100)
 
 
+@pytest.mark.slow
 def test_learns_to_reverse_sequences(tmp_path):
     """Broken masks, positions, search or training all show up here as a low score.
 
@@ -49,6 +51,7 @@ def invoke(*args):
     return result
 
 
+@pytest.mark.slow
 def test_cli_pipeline_on_multi30k_slice(multi30k, tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

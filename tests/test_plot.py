@@ -49,6 +49,7 @@ def test_attention_weights_are_distributions_and_give_the_same_output():
     torch.testing.assert_close(explicit, model(src, tgt), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_translate_writes_heat_maps_of_the_models_weights(tmp_path, monkeypatch):
     import matplotlib.axes
 
@@ -76,6 +77,7 @@ def test_translate_writes_heat_maps_of_the_models_weights(tmp_path, monkeypatch)
     torch.testing.assert_close(torch.as_tensor(shown[2]), encoder.mean(0))
 
 
+@pytest.mark.slow
 def test_layers_and_heads_selection(tmp_path):
     model = tiny_checkpoint(tmp_path / "m.pt")
     write_lines(tmp_path / "in.txt", ["a b"])

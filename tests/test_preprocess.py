@@ -122,6 +122,7 @@ def test_reuse_data_dir_for_new_test_set(tmp_path):
     assert read_split(tmp_path / "new_out", "test", "en") == read_split(tmp_path / "out", "train", "en")[:2]
 
 
+@pytest.mark.slow
 def test_two_workers_write_the_same_files_as_one(multi30k, tmp_path):
     for name in ("train", "valid"):
         for lang in ("en", "de"):

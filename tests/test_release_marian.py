@@ -78,6 +78,7 @@ def english(n):
 
 @pytest.mark.parametrize("norm, activation, output", [("post", "swish", "tied"), ("pre", "gelu", "untied"),
                                                       ("post", "relu", "untied")])
+@pytest.mark.slow
 def test_greedy_translations_are_ctranslate2s(tmp_path, norm, activation, output):
     ctranslate2 = pytest.importorskip("ctranslate2")
     from ctranslate2.converters import MarianConverter
@@ -100,6 +101,7 @@ def test_greedy_translations_are_ctranslate2s(tmp_path, norm, activation, output
     assert len({tuple(row) for row in ours}) > len(lines) // 10  # translations that differ from line to line
 
 
+@pytest.mark.slow
 def test_decoder_yml_gives_the_search(tmp_path):
     directory = marian_release(tmp_path / "release")
     import_model(directory, tmp_path / "imported.pt")
@@ -116,6 +118,7 @@ def test_decoder_yml_gives_the_search(tmp_path):
     ({"transformer-train-position-embeddings": True}, "learned positions"),
     ({"transformer-dim-ffn": 256}, "has shape"),
 ])
+@pytest.mark.slow
 def test_what_nmt_cannot_hold_is_refused_in_one_line(tmp_path, change, message):
     directory = marian_release(tmp_path / "release", **change)
     with pytest.raises(NmtError, match=message):

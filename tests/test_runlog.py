@@ -10,6 +10,7 @@ import subprocess
 import sys
 import termios
 
+import pytest
 from conftest import synthetic_data_dir
 
 from nmt_cli.runlog import RunLog
@@ -66,6 +67,7 @@ def on_a_terminal(command: list[str], columns: int = 100) -> str:
     return out.decode("utf-8", errors="replace")
 
 
+@pytest.mark.slow
 def test_on_a_terminal_messages_go_above_the_bar_which_measures_the_time_budget(tmp_path):
     data = synthetic_data_dir(tmp_path)
     out = on_a_terminal([sys.executable, "-m", "nmt_cli", "train", str(data), "--save-dir", str(tmp_path / "ck"),

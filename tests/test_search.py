@@ -65,6 +65,7 @@ def sequence_log_prob(model, src, tokens):
 @pytest.mark.parametrize("form", ["gnmt", "length"])
 @pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
 @pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.slow
 def test_wide_beam_equals_exhaustive_search(lenpen, seed, form):
     vocab, limit = 7, 3  # symbols 4, 5, 6 (and EOS); outputs of up to 3 symbols
     model = random_model(vocab, seed, scale=3.0)
@@ -126,6 +127,7 @@ def reference_beam_search(models, src, config):
 @pytest.mark.parametrize("rules", [{}, {"lenpen_form": "length", "lenpen": 1.0, "stopping": "heuristic"},
                                    {"stopping": "heuristic", "lenpen": 2.0}])
 @pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4), (4, 601, 5)])
+@pytest.mark.slow
 def test_search_equals_the_search_written_out(beam, vocab, seed, rules):
     """Also where the first step cannot fill a beam from one row (vocabulary below the beam), and
     with a vocabulary wide enough for top-k through chunk maxima (601 = 8 x 75 + 1); with either

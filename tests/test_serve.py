@@ -41,6 +41,7 @@ def expected(model, lines, attention=False, prefix=False, **search):
     return [json.loads(record) for record in translate_lines(translator, lines)]
 
 
+@pytest.mark.slow
 def test_prefixes_and_alignments_as_translate_gives_them(server):
     model, url = server
     prefixes = ["", "b", "c d", "", "", "", "a", ""]
@@ -155,6 +156,7 @@ def test_metrics_count_requests_sentences_tokens_and_searches(server):
     (b'{"text": ["a"], "max_len_a": Infinity}', 400, "max_len_a: input should be a finite number"),
     (b"[" * 100000, 400, "the body is JSON nested too deeply"),
 ])
+@pytest.mark.slow
 def test_bad_requests_get_a_reason_and_the_server_keeps_serving(server, body, status, reason):
     _, url = server
     if isinstance(body, dict) and body.get("text") == ["a\\nb"]:
@@ -164,6 +166,7 @@ def test_bad_requests_get_a_reason_and_the_server_keeps_serving(server, body, st
     assert request(url + "/translate", {"text": ["a b"]})[0] == 200
 
 
+@pytest.mark.slow
 def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
     model, url, process = serving(tmp_path, "--batch-window-ms", 1500)  # a request waits 1.5 s in the batcher
     with ThreadPoolExecutor(1) as pool:
@@ -175,6 +178,7 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
     assert process.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
 def test_a_short_drain_answers_a_long_request_in_time_and_exits_on_time(tmp_path):
     """SIGTERM 1 s into a request that takes far longer, with --drain-seconds 2: the client gets a
     503 with a reason within the drain time, the server exits on time, and its log holds no traceback."""
@@ -195,6 +199,7 @@ def test_a_short_drain_answers_a_long_request_in_time_and_exits_on_time(tmp_path
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_client_that_goes_away_leaves_no_traceback(tmp_path):
     _, url, process = serving(tmp_path)
     port = int(url.rsplit(":", 1)[1])
@@ -208,6 +213,7 @@ def test_a_client_that_goes_away_leaves_no_traceback(tmp_path):
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
+@pytest.mark.slow
 def test_an_unknown_host_is_refused_in_one_line(tmp_path):
     model = tiny_checkpoint(tmp_path / "m.pt")
     done = subprocess.run([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--host", "no-such-host.invalid",
@@ -216,6 +222,7 @@ def test_an_unknown_host_is_refused_in_one_line(tmp_path):
         "Error: --host no-such-host.invalid: no such address (Name or service not known)"
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_refused_in_one_line(tmp_path):
     model = tiny_checkpoint(tmp_path / "m.pt")
     with socket.create_server(("127.0.0.1", 0)) as taken:

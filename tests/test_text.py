@@ -11,6 +11,7 @@ from nmt_cli.text import TextProcessor, subword_counts
 from nmt_cli.vocab import Vocabulary
 
 
+@pytest.mark.slow
 def test_round_trip_on_multi30k(multi30k):
     config = TextConfig("en", "de")
     for lang in ("en", "de"):

@@ -137,6 +137,7 @@ def test_label_smoothed_loss_gradient_matches_autograd_of_the_definition(compile
 
 # ---------------------------------------------------------------------------- training runs
 
+@pytest.mark.slow
 def test_training_lowers_validation_loss(tmp_path):
     data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
     run_training(data, tmp_path / "ck", LEARNER, max_updates=150, validate_interval_updates=50, **LEARNER_RECIPE).run()
@@ -275,6 +276,7 @@ def cli_train(data, save_dir, *extra):
             "--max-tokens", "200", "--max-updates", "10", "--warmup", "5", "--device", "cpu", "--quiet", *extra]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_with_update_freq_2(tmp_path):
     import subprocess
     import sys
@@ -307,6 +309,7 @@ def _agree_in_process(rank: int, init_file: str, flags: list[tuple[bool, ...]], 
         json.dump(agreed, f)
 
 
+@pytest.mark.slow
 def test_processes_agree_on_each_flag_in_one_all_reduce(tmp_path):
     """A stop, save or time-out seen by any process is seen by all, flag by flag, and the clock is the
     longest elapsed time."""
@@ -318,6 +321,7 @@ def test_processes_agree_on_each_flag_in_one_all_reduce(tmp_path):
         assert json.loads((tmp_path / f"agreed.{rank}").read_text()) == [1.0, 0.0, 1.0, 61.5]
 
 
+@pytest.mark.slow
 def test_eval_bleu_selects_best_checkpoint_by_bleu(tmp_path):
     data = synthetic_data_dir(tmp_path, n_train=1000, task="copy")
     run_training(data, tmp_path / "ck", LEARNER, max_updates=150, validate_interval_updates=75, eval_bleu=True,
@@ -373,6 +377,7 @@ def without_key_bias(name: str, weight: torch.Tensor, d_model: int) -> torch.Ten
     return weight[d_model:] if name.endswith("kv.bias") else weight
 
 
+@pytest.mark.slow
 def test_compiled_update_compiles_once_per_batch_shape(tmp_path, monkeypatch):
     """--compile with --length-buckets: dynamo compiles the model once per batch shape of the
     epoch (its counters), never again for a shape seen, and the updates agree with eager ones. On
@@ -485,6 +490,7 @@ def test_training_time_accumulates_across_resumes(tmp_path):
     assert stopped.updates == 6
 
 
+@pytest.mark.slow
 def test_max_time_stops_training_with_a_final_validation_and_checkpoint(tmp_path):
     import time
 

@@ -123,6 +123,7 @@ def test_attention_layer_out_of_range_and_mismatched_ensemble(model_path, tmp_pa
     assert result.exit_code == 1 and "ensemble members must share their vocabularies" in result.output
 
 
+@pytest.mark.slow
 def test_a_co_process_is_answered_line_by_line(model_path):
     """A program that writes one line to a pipe and waits for its translation gets it (as from
     fairseq-interactive), and later lines follow; the output is what a file gives."""
