@@ -7,8 +7,11 @@
     GET /config      -> the model's architecture, text settings and vocabulary sizes
     GET /metrics     -> Prometheus' text format (metrics.py)
     GET /docs        -> the API, described by /openapi.json (schemas.py)
+    GET /languages   -> the language pairs, as LibreTranslate lists them (pairs.py)
+    GET /            -> a page to try it (page.html)
 
---api-keys and --rate-limit decide who may ask (access.py), --cors-origin which browser pages.
+LibreTranslate's `POST /translate` (`q`) is answered too (libretranslate.py). --api-keys and
+--rate-limit decide who may ask (access.py), --cors-origin which browser pages.
 
 Requests that arrive together are translated together (batcher.py): those with the same search
 options share a search of up to --max-tokens source tokens, a larger request is cut into several,
