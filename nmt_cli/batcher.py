@@ -177,8 +177,9 @@ class Batcher:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise ShuttingDown
             search, translator = taken[0][0].search, taken[0][0].translator
-            sources = [job.sources[k] for job, count in taken for k in job.order[:count]]
-            forced = [job.forced[k] for job, count in taken for k in job.order[:count]] if taken[0][0].forced else None
+            picked = [(job, k) for job, count in taken for k in job.order[:count]]  # the search's sentences
+            sources = [job.sources[k] for job, k in picked]
+            forced = [job.forced[k] for job, k in picked] if taken[0][0].forced else None
             found = translator.search_ids(sources, search, forced, reseed=seeded(search))
         except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
             error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
@@ -188,13 +189,11 @@ class Batcher:
         self.searches += 1
         self.searched(len(found), sum(map(len, sources)), sum(len(hyps[0].tokens) for hyps in found if hyps))
         self._take(timeout=0)  # those that came during the search go before a request cut short
-        hypotheses = iter(found)
+        for (job, k), hyps in zip(picked, found):
+            job.found[k] = [translator.translation(h) for h in hyps]
+            if job.attention and hyps:
+                job.found[k][0].alignment = translator.alignment(job.sources[k], hyps[0])
         for job, count in taken:
-            for k in job.order[:count]:
-                hyps = next(hypotheses)
-                job.found[k] = [translator.translation(h) for h in hyps]
-                if job.attention and hyps:
-                    job.found[k][0].alignment = translator.alignment(job.sources[k], hyps[0])
             del job.order[:count]
             if job.order:
                 self.waiting.append(job)

@@ -5,6 +5,7 @@ Mastodon's translation feature, libretranslatepy) can use `nmt serve`: `POST /tr
 `{"error": ...}`. A text of several lines is translated line by line, its lines kept.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ class LibreRequest:
     target: str | None
     alternatives: int
 
-    @property
+    @functools.cached_property
     def lines(self) -> list[str]:
         """The sentences to translate: every line of every text."""
         return [line for text in self.texts for line in text.split("\n")]

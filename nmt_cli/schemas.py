@@ -6,7 +6,8 @@ Python API and requests.
 """
 
 import json
-from dataclasses import asdict, fields
+import typing
+from dataclasses import asdict
 from typing import Any, Literal
 from urllib.parse import parse_qs
 
@@ -18,15 +19,14 @@ from nmt_cli.options import check_applies
 # SearchConfig's fields that a request may set (the others are the server's: max_len, or not yet served).
 REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b", "allow_unk",
                    "sampling", "sampling_topk", "sampling_topp", "temperature", "seed")
-TYPES = {"int": int, "float": float, "str": str, "bool": bool, "int | None": int, "float | None": float}
+HINTS = typing.get_type_hints(SearchConfig)  # the annotations are strings (`from __future__ import annotations`)
 
 
 def option(name: str) -> tuple[Any, Any]:
     """The pydantic field of SearchConfig's `name`: optional (the server's default), its knob's
     help, choices and range."""
-    knob = next(f for f in fields(SearchConfig) if f.name == name)
-    meta = knob.metadata
-    kind = Literal[tuple(meta["choices"])] if "choices" in meta else TYPES[knob.type]
+    meta = SearchConfig.__dataclass_fields__[name].metadata
+    kind = Literal[tuple(meta["choices"])] if "choices" in meta else HINTS[name]
     bounds = {}
     if "min" in meta:
         bounds["gt" if meta.get("exclusive_min") else "ge"] = meta["min"]

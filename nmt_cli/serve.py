@@ -47,7 +47,6 @@ from nmt_cli.version import __version__
 if TYPE_CHECKING:
     from nmt_cli.metrics import Metrics
 
-ROUTES = frozenset({"/translate", "/languages", "/health", "/config", "/metrics", "/docs", "/openapi.json", "/"})
 SHUTTING_DOWN = ("the server is shutting down (SIGTERM) and could not translate this within its --drain-seconds; "
                  "send it again to another server")
 
@@ -77,7 +76,7 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
         start, path = time.monotonic(), request.url.path
         response = await refuse(request) or await call_next(request)
         seconds = time.monotonic() - start
-        metrics.answered(path if path in ROUTES else "other", response.status_code, seconds)
+        metrics.answered(path if path in routes else "other", response.status_code, seconds)
         if config.access_log:
             client = f"{request.client.host}:{request.client.port}" if request.client else "-"
             access.info("%s %s %s %d %.1f ms", client, request.method, path, response.status_code, 1000 * seconds)
@@ -192,6 +191,7 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
     async def prometheus() -> Response:
         return Response(metrics.text(), media_type=metrics.content_type)
 
+    routes = {route.path for route in app.routes}  # the label of a request to any other path: "other"
     if config.cors_origin:  # outermost: a preflight is answered before the keys are asked for
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origin), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])

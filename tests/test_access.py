@@ -36,6 +36,25 @@ def test_keys_of_a_file_read_again_or_kept(tmp_path):
         Keys(path)
 
 
+def test_keys_whose_file_went_away_stay(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text("abc\n")
+    keys = Keys(path)
+    path.unlink()
+    assert keys.reload() == (f"{path}: cannot read the API keys (No such file or directory); the 1 keys read "
+                             "before stay") and "abc" in keys
+
+
+def test_the_rate_limit_forgets_clients_whose_buckets_are_full_again(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(access.time, "monotonic", lambda: now[0])
+    limit = RateLimit(60)
+    for client in range(10001):
+        limit.wait(str(client))
+    now[0] += 1.0  # one token back for each: full again
+    assert limit.wait("new") == 0 and list(limit.buckets) == ["new"]
+
+
 def test_the_rate_limit_allows_a_burst_then_one_request_per_period(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(access.time, "monotonic", lambda: now[0])

@@ -14,6 +14,7 @@ from conftest import tiny_checkpoint
 from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.errors import NmtError
 from nmt_cli.records import Translation
 from nmt_cli.search import Hypothesis, SearchInterrupted
 from nmt_cli.translator import Translator
@@ -28,6 +29,7 @@ class Recorder:
         self.gate: threading.Event | None = None
         self.started = threading.Event()
         self.deadline: float | None = None
+        self.failure: Exception | None = None  # the next search raises it
 
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         return [int(word) for word in line.split()]
@@ -40,6 +42,9 @@ class Recorder:
             self.gate.wait(10)
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise SearchInterrupted("stopped")
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
         return [[Hypothesis(ids, 0.0, 0.0)] for ids in sources]
 
     def translation(self, hypothesis: Hypothesis) -> Translation:
@@ -133,6 +138,16 @@ def test_a_request_past_max_source_tokens_is_refused_and_the_next_served():
         serving.submit(SearchConfig(), ["1 2 3", "4 5 6", "7"]).result(timeout=10)
     assert texts(serving.submit(SearchConfig(), ["1 2 3 4 5"])) == ["1 2 3 4 5"]
     assert serving.submit(SearchConfig(), []).result(timeout=10) == []
+
+
+def test_a_failed_search_fails_its_requests_and_the_next_are_served():
+    recorder = Recorder()
+    recorder.failure = NmtError("CUDA out of memory translating a single sentence")
+    first, second = while_searching(batcher(recorder, max_tokens=100), recorder, (SearchConfig(), ["1"]),
+                                    (SearchConfig(), ["2"]))
+    with pytest.raises(NmtError, match="out of memory"):
+        first.result(timeout=10)
+    assert texts(second) == ["2"]  # a search of its own, after the failed one
 
 
 def test_draining_answers_shutting_down_past_its_deadline():
