@@ -327,12 +327,18 @@ class TranslateConfig(Options):
     plot_heads: tuple[int, ...] = knob((), "Heads to plot (repeatable) [all].", min=1, flags=("--heads",),
                                         only_if=_PLOT)
     quantize: str | None = knob(None, "CPU: run the linear layers as dynamic int8 matmuls (tests/benchmarks/"
-                                 "PERFORMANCE.md: speed and BLEU).", choices=("int8",))
+                                 "PERFORMANCE.md: speed and BLEU); --device auto then means the CPU.",
+                                 choices=("int8",))
     cuda_graphs: bool = knob(False, "GPU: replay beam search's decoder steps as CUDA graphs (batches padded to "
                               "fixed shapes).", only_if=(lambda c: not c.search.sampling, _SEARCHING[1]))
     device: str = _device_knob()
     precision: str = _precision_knob()
     threads: int | None = _threads_knob()
+
+    @property
+    def run_on(self) -> str:
+        """--device, where auto means the CPU under --quantize (int8 matmuls are a CPU kernel)."""
+        return "cpu" if self.quantize and self.device == "auto" else self.device
 
     def __post_init__(self) -> None:
         super().__post_init__()

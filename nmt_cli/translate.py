@@ -121,7 +121,7 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
         config = dataclasses.replace(config, search=search)
     except ValueError as e:
         raise NmtError(f"{checkpoints[0]}: its search settings with these options: {e}") from None
-    device, dtype = select_device(config.device, config.precision, config.threads)
+    device, dtype = select_device(config.run_on, config.precision, config.threads)
     translator = Translator(bundles, config, device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"

@@ -80,7 +80,7 @@ class Translator:
             check_applies(config.search, search, name=lambda f: f.name)
         except ValueError as e:
             raise NmtError(str(e)) from None
-        device, dtype = select(config.device, config.precision, config.threads)
+        device, dtype = select(config.run_on, config.precision, config.threads)
         return cls(bundles, config, device, dtype, warn)
 
     def search_config(self, **search: Any) -> SearchConfig:

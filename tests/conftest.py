@@ -1,5 +1,6 @@
 """Shared test helpers. Real data is read from ../shared/data (or $NMT_SHARED_DATA), never copied."""
 
+import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,51 @@ SMALL_MARIAN = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "num_hi
                 "decoder_attention_heads": 4}
 
 
+NEEDS_CTRANSLATE2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                                       reason="CTranslate2 is not installed (the export and dev extras have it)")
 SERVERS: list = []  # the `nmt serve` processes that `serving` started
+GPU: dict = {}  # on a machine with a GPU: torch.cuda.is_available itself, CUDA_VISIBLE_DEVICES as it was
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_unless_marked_gpu():
+    """The suite's oracles are the CPU's (CI has no GPU): on a machine with one, device auto means
+    the CPU in every test but those marked `gpu` (test_gpu.py, the cuda cases), in this process
+    and in the processes it starts. CUDA starts here first, while the GPU is visible, so that the
+    `gpu` tests of this process have it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        yield
+        return
+    torch.cuda.init()
+    GPU.update(is_available=torch.cuda.is_available, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def gpu_when_marked(request, monkeypatch):
+    """A test marked `gpu` sees the GPU (see cpu_unless_marked_gpu)."""
+    if GPU and request.node.get_closest_marker("gpu") is not None:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", GPU["is_available"])
+        if GPU["visible"] is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", GPU["visible"])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With $NMT_TEST_FAILURES set (tests/benchmarks/gpu_check.sh), each failure is written there
+    as it happens, by the controlling process: a run cut off at its time limit still says why."""
+    path = os.environ.get("NMT_TEST_FAILURES")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import synthetic_data_dir, tiny_checkpoint, tiny_sentencepiece_checkpoint, write_lines
+from conftest import NEEDS_CTRANSLATE2, synthetic_data_dir, tiny_checkpoint, tiny_sentencepiece_checkpoint, write_lines
 
 BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
 
@@ -121,6 +121,7 @@ def test_serve_fairness(tmp_path):
 
 
 @pytest.mark.slow
+@NEEDS_CTRANSLATE2
 def test_ctranslate2_decode_speed(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -129,6 +130,7 @@ def test_ctranslate2_decode_speed(tmp_path):
 
 
 @pytest.mark.slow
+@NEEDS_CTRANSLATE2
 def test_transformers_export(tmp_path):
     model = tiny_sentencepiece_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
@@ -206,7 +208,7 @@ def test_gpu_summary_reads_what_the_stages_wrote(tmp_path):
           {"arch": "big", "compile": True, "speedup_over_torch_nn_transformer": 1.8})
     decode = {"model": "/tmp/w/small/checkpoint_last.pt", "device": "cuda", "cuda_graphs": False,
               "steps_between_reads": 8}
-    jsonl("decode_speed.jsonl", {**decode, "dtype": "float32", "target_tokens_per_s": 30000.0},
+    jsonl("decode_speed.jsonl", {**decode, "dtype": "float32", "target_tokens_per_s": 30000.0, "bleu": 36.4},
           {**decode, "dtype": "bfloat16", "target_tokens_per_s": 39000.0},
           {**decode, "dtype": "bfloat16", "cuda_graphs": True, "target_tokens_per_s": 50000.0})
     jsonl("translate_startup.jsonl", {"device": "cuda", "cuda_graphs": False, "median_s": 2.5},
@@ -220,4 +222,17 @@ def test_gpu_summary_reads_what_the_stages_wrote(tmp_path):
     assert summary["anchor_big_compiled_tok_s"] == 140000.0
     assert summary["decode_small_tok_s"] == 50000.0 and summary["decode_small_run"]["cuda_graphs"]
     assert summary["decode_bf16_over_fp32"] == 1.3 and summary["decode_base_tok_s"] is None
-    assert summary["translate_100_lines_s"] == 2.5 and summary["pytest_failed"] == 1
+    assert summary["translate_100_lines_s"] == 2.5
+    assert (summary["pytest_failed"], summary["pytest_finished"]) == (1, True)
+    assert summary["decode_small_bleu"] == 36.4 and summary["quickstart_10min_bleu"] is None
+    # a run cut off at its time limit: the failures written so far (failures.txt, else FAILED lines)
+    (tmp_path / "pytest.txt").write_text("[gw1] [ 24%] FAILED tests/test_a.py::test_x[a b]\n"
+                                         "[gw2] [ 30%] FAILED tests/test_b.py::test_y\n....F\n")
+    (tmp_path / "quickstart.txt").write_text("BLEU = 40.12 70.1/48.0/34.9/25.6 (BP = 1.000 ...) nrefs:1\n")
+    subprocess.run([sys.executable, str(BENCHMARKS / "gpu_summary.py"), tmp_path], check=True, capture_output=True)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["pytest_failed"], summary["pytest_finished"], summary["quickstart_10min_bleu"]) == (2, False, 40.12)
+    (tmp_path / "failures.txt").write_text("=== tests/test_a.py::test_x (call)\nE  assert 1 == 2\n\n"
+                                           "=== tests/test_a.py::test_x (teardown)\nE  oops\n\n")
+    subprocess.run([sys.executable, str(BENCHMARKS / "gpu_summary.py"), tmp_path], check=True, capture_output=True)
+    assert json.loads((tmp_path / "summary.json").read_text())["pytest_failed"] == 1

@@ -12,11 +12,10 @@ import struct
 import subprocess
 import sys
 
-import ctranslate2
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import block_import, synthetic_data_dir, tiny_checkpoint
+from conftest import NEEDS_CTRANSLATE2, block_import, synthetic_data_dir, tiny_checkpoint
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import PRESETS
@@ -95,7 +94,10 @@ VARIANTS = [({}, True), ({"norm": "pre"}, True), ({"positions": "learned"}, Fals
 
 @pytest.mark.parametrize("variant, shared", VARIANTS)
 @pytest.mark.slow
+@NEEDS_CTRANSLATE2
 def test_ctranslate2_scores_and_searches_like_us(tmp_path, variant, shared):
+    import ctranslate2
+
     from nmt_cli.export import save_ctranslate2
 
     bundle = trained(tmp_path, variant, shared)
@@ -122,6 +124,7 @@ def test_ctranslate2_scores_and_searches_like_us(tmp_path, variant, shared):
         assert sum(theirs.log_probs) == pytest.approx(h.log_prob, abs=1e-3)
 
 
+@NEEDS_CTRANSLATE2
 def test_export_writes_the_text_pipeline_and_refuses_what_ctranslate2_cannot_hold(tmp_path):
     model = tiny_checkpoint(tmp_path / "m.pt")
     result = run("export", "-m", model, "--format", "ctranslate2", "-o", tmp_path / "ct2", "--quantization", "int8")
@@ -135,6 +138,7 @@ def test_export_writes_the_text_pipeline_and_refuses_what_ctranslate2_cannot_hol
     assert result.exit_code == 2 and "ends in .safetensors" in result.output
 
 
+@NEEDS_CTRANSLATE2
 def test_export_replaces_only_an_earlier_export_and_never_leaves_half_a_directory(tmp_path, monkeypatch):
     from nmt_cli import export
 
@@ -212,6 +216,7 @@ def test_a_safetensors_export_to_a_full_disk_says_one_line_and_leaves_nothing(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
 
 
+@NEEDS_CTRANSLATE2
 def test_an_export_over_the_current_directory_is_refused(tmp_path, monkeypatch):
     model = tiny_checkpoint(tmp_path / "m.pt")
     empty = tmp_path / "here"

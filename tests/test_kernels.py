@@ -106,8 +106,8 @@ def test_label_smoothed_loss_in_blocks_equals_one_block(monkeypatch):
         torch.testing.assert_close(blocks, one, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_loss_equals_the_reference(dtype, device, monkeypatch):
     """Loss, NLL and gradient in float64, from logits in float32 or bf16 (mixed precision)."""

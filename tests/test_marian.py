@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import block_import, tiny_checkpoint, tiny_sentencepiece_checkpoint
+from conftest import NEEDS_CTRANSLATE2, block_import, tiny_checkpoint, tiny_sentencepiece_checkpoint
 
 from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
@@ -173,6 +173,7 @@ def test_moses_bpe_and_lowercased_models_are_refused(exported):
         check_marian(lowercased)
 
 
+@NEEDS_CTRANSLATE2
 def test_an_export_replaces_only_an_earlier_export(exported, tmp_path):
     tmp, _, _ = exported
     model, out = tmp / "ck/checkpoint_last.pt", tmp_path / "hf"

@@ -76,8 +76,8 @@ def test_linear_rate_follows_the_clock_all_processes_agree_on(tmp_path, monkeypa
     assert rates == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
 def test_a_bf16_update_agrees_with_fp32(tmp_path, device):
     run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", LEARNER, device=device, precision="fp32")
     batch = run.train.collate(np.arange(16), 8)

@@ -2,15 +2,17 @@
 # One call on a GPU machine: the whole test suite, then the training benchmarks side by side with a
 # plain torch.nn.Transformer, and a profile; decoding speed, its profile and `nmt translate`'s
 # start-up. Results go to $OUT (default: ./gpu-results), with summary.json (gpu_summary.py) after each call.
-#   WHEELS=DIR   wheels to install first (subword-nmt, sacremoses, ... where the machine lacks them)
+#   WHEELS=DIR   wheels to install first (subword-nmt, sacremoses, ... where the machine lacks them:
+#     gpu_carry.sh puts them and the data in .gpu/)
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
-#   STAGES="tests speed compile buckets decode"   which parts to run (default: tests speed compile);
+#   STAGES="tests speed compile buckets decode quickstart"   which parts to run (default: tests speed compile);
 #     one or two per call keep a call within a 10-minute limit (buckets: one of COMPILE_ARCHS per call)
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
 #     call keeps a call within a 10-minute limit: "base" in a second call), then decodes
 #     test_2016_flickr in fp32 and bf16 without and with --cuda-graphs, with graphs also reading the
 #     search's state every 1, 4 and 16 steps, checks that graphs give the same lines (graph_check.py),
 #     and times `nmt translate` of 100 lines on the GPU (without and with graphs) and the CPU
+#   QUICKSTART_MINUTES=10   the quickstart stage: data/quickstart.sh (the README's main job) on the GPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
@@ -33,8 +35,10 @@ if [[ $STAGES == *speed* ]]; then
     done
 fi
 if [[ $STAGES == *tests* ]]; then
-    timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -n 12 -p no:cacheprovider 2>&1 | tail -40 > "$OUT/pytest.txt"
-    tail -15 "$OUT/pytest.txt"
+    # one thread a worker, 14 workers on 16 cores; each failure written to failures.txt as it happens
+    OMP_NUM_THREADS=1 NMT_TEST_FAILURES="$OUT/failures.txt" timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q \
+        -n ${TEST_WORKERS:-14} -p no:cacheprovider --tb=short > "$OUT/pytest.txt" 2>&1
+    tail -25 "$OUT/pytest.txt"
 fi
 if [[ $STAGES == *compile* ]]; then
     for arch in ${COMPILE_ARCHS:-base big}; do
@@ -79,6 +83,15 @@ if [[ $STAGES == *decode* ]]; then
                 --device $device 2>>"$OUT/stderr.txt" | tee -a "$OUT/translate_startup.jsonl"
         done
     done
+    rm -rf "$work"
+fi
+if [[ $STAGES == *quickstart* ]]; then  # the README's main job on the GPU for QUICKSTART_MINUTES (10)
+    mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m nmt_cli "$@"\n' > /tmp/bin/nmt && chmod +x /tmp/bin/nmt
+    work=$(mktemp -d)
+    PATH=/tmp/bin:$PATH MULTI30K_DIR=$NMT_SHARED_DATA/multi30k WORK=$work DEVICE=cuda \
+        MINUTES=${QUICKSTART_MINUTES:-10} timeout $((${QUICKSTART_MINUTES:-10} * 60 + 150)) bash data/quickstart.sh \
+        > "$OUT/quickstart.txt" 2>>"$OUT/stderr.txt"
+    tail -1 "$OUT/quickstart.txt"
     rm -rf "$work"
 fi
 python3 tests/benchmarks/gpu_summary.py "$OUT"  # summary.json: the figures so far, null where unmeasured

@@ -10,7 +10,10 @@ has measured yet is null, never a guess:
   - decode_small_tok_s, decode_base_tok_s: the fastest decoding of test_2016_flickr by a model of
     the preset (settings in *_run); decode_bf16_over_fp32: bf16 over fp32, small, without graphs;
   - translate_100_lines_s: `nmt translate` of 100 lines on the GPU, end to end (median);
-  - pytest_failed: failed tests of the GPU machine's run (null when the tests did not finish).
+  - decode_small_bleu: sacreBLEU of the decode stage's small model (TRAIN_MINUTES on the GPU), fp32;
+  - quickstart_10min_bleu: sacreBLEU of data/quickstart.sh on the GPU (the quickstart stage);
+  - pytest_failed: failed tests of the GPU machine's run; pytest_finished false: those failed
+    before the run was cut off at its time limit (null: no run).
 """
 
 from __future__ import annotations
@@ -36,14 +39,17 @@ def arch_of(decode: dict) -> str:
     return Path(decode["model"]).parent.name
 
 
-def pytest_failed(path: Path) -> int | None:
-    if not path.exists():
-        return None
-    text = path.read_text()
-    if not re.search(r"\d+ (passed|failed)", text):
-        return None  # cut off before pytest's last line
-    found = re.search(r"(\d+) failed", text)
-    return int(found.group(1)) if found else 0
+def pytest_failed(out: Path) -> tuple[int | None, bool]:
+    """Failed tests, and whether the run finished: from pytest's last line, else (a run cut off at
+    its time limit) the distinct tests failed so far, in failures.txt or FAILED lines (-v, -rf)."""
+    if not (out / "pytest.txt").exists():
+        return None, False
+    text = (out / "pytest.txt").read_text()
+    if re.search(r"\d+ (passed|failed)", text):
+        found = re.search(r"(\d+) failed", text)
+        return (int(found.group(1)) if found else 0), True
+    seen = (out / "failures.txt").read_text() if (out / "failures.txt").exists() else text
+    return len(set(re.findall(r"^(?:=== |\S*\s*(?:\[ *\d+%\] )?FAILED )(\S+)", seen, re.MULTILINE))), False
 
 
 def summary(out: Path) -> dict:
@@ -70,7 +76,13 @@ def summary(out: Path) -> dict:
         if {"bfloat16", "float32"} <= plain.keys() else None
     startup = [r for r in lines(out / "translate_startup.jsonl") if r["device"] == "cuda" and not r["cuda_graphs"]]
     result["translate_100_lines_s"] = startup[-1]["median_s"] if startup else None
-    result["pytest_failed"] = pytest_failed(out / "pytest.txt")
+    bleu = [r["bleu"] for r in decode
+            if arch_of(r) == "small" and r["dtype"] == "float32" and not r["cuda_graphs"] and "bleu" in r]
+    result["decode_small_bleu"] = bleu[-1] if bleu else None
+    quickstart = (out / "quickstart.txt").read_text() if (out / "quickstart.txt").exists() else ""
+    found = re.search(r"^BLEU = ([\d.]+)", quickstart, re.MULTILINE)
+    result["quickstart_10min_bleu"] = float(found.group(1)) if found else None
+    result["pytest_failed"], result["pytest_finished"] = pytest_failed(out)
     return result
 
 
