@@ -68,6 +68,11 @@ class SearchConfig(Options):
     max_len: int | None = knob(None, "Most output tokens of any sentence [default: the model's positions].", min=1)
     nbest: int = knob(1, "Hypotheses per sentence (with --format jsonl).", min=1, max=BEAM_MAX)
     allow_unk: bool = knob(False, "Let the search emit <unk>.")
+    min_len: int = knob(0, "No </s> before this many target tokens (subwords, not words).", min=0)
+    no_repeat_ngram_size: int = knob(0, "No n-gram of target tokens twice in an output (0: off).", min=0)
+    repetition_penalty: float = knob(1.0, "Multiply the log-probability of a token already in the output by this "
+                                     "(above 1: fewer repeats; as transformers' beam search does).", min=0.0,
+                                     exclusive_min=True, max=100.0)
     sampling: bool = knob(False, "Sample each token instead of searching (back-translation); --nbest N gives N "
                            "independent samples.")
     sampling_topk: int | None = knob(None, "With --sampling: only among the K most probable tokens.", min=1,

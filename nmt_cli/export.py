@@ -163,5 +163,8 @@ def text_files(bundle: ModelBundle, out: Path) -> None:
     about = {"text_config": text.to_dict(), "steps": steps, "model_config": bundle.model.config.to_dict(),
              "search": {"beam_size": search.beam, "length_penalty": search.lenpen,
                         "max_decoding_length": bundle.model.config.max_positions - 1,
-                        "note": f"nmt-cli divides scores {form}"}}
+                        "min_decoding_length": search.min_len, "no_repeat_ngram_size": search.no_repeat_ngram_size,
+                        "repetition_penalty": search.repetition_penalty,
+                        "note": f"nmt-cli divides scores {form}; its repetition_penalty multiplies the "
+                                "log-probabilities of tokens already output, as transformers' beam search does"}}
     (out / "nmt-cli.json").write_text(json.dumps(about, indent=2) + "\n", encoding="utf-8")

@@ -141,15 +141,16 @@ def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
     """`generate`'s defaults as `nmt translate`'s (`translator.model_search`): start from <s>, never
     output what our search never outputs, at most our length limit of tokens and then </s>
     (transformers' max_length counts the start and </s>: a limit that grows with the source is
-    taken at max_positions - 1), our beam size, our stopping rule, and our length penalty's alpha
-    (which transformers applies as |Y|^alpha)."""
+    taken at max_positions - 1), our beam size, our stopping rule, our length penalty's alpha
+    (which transformers applies as |Y|^alpha), and our minimum length, n-gram and repetition controls."""
     search = SearchConfig(**bundle.released.search)
     banned = [PAD_ID, BOS_ID] + ([] if search.allow_unk else [UNK_ID]) + bundle.never
     return config_class(
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID, max_length=generate_limit(bundle, search) + 2,
         num_beams=search.beam, length_penalty=search.lenpen, early_stopping=search.stopping == "early",
-        bad_words_ids=[[i] for i in banned])
+        bad_words_ids=[[i] for i in banned], min_new_tokens=search.min_len or None,
+        no_repeat_ngram_size=search.no_repeat_ngram_size, repetition_penalty=search.repetition_penalty)
 
 
 def marian_weights(model: Transformer, shared: bool) -> dict[str, torch.Tensor]:

@@ -241,7 +241,8 @@ def transformers_search(source: Path, config: dict[str, Any], target: Side,
                         warn: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
     """The search `generate()` runs with this release's settings (generation_config.json, or the
     ones older releases keep in config.json, which transformers 5 no longer reads): beam, length
-    penalty (|Y|^alpha), stopping rule, length limit, banned tokens."""
+    penalty (|Y|^alpha), stopping rule, length limit, banned tokens, minimum length, n-gram and
+    repetition controls."""
     path = source / "generation_config.json"
     generation = read_json(path) if path.is_file() else config
     where = path if path.is_file() else source / "config.json"
@@ -255,9 +256,7 @@ def transformers_search(source: Path, config: dict[str, Any], target: Side,
         int(generation.get("max_length") or 20) - 1
     forced = generation.get("forced_eos_token_id")
     limit -= (forced[0] if isinstance(forced, list) and forced else forced) == target.eos
-    ignored = [key for key, default in (("do_sample", False), ("min_length", 0), ("min_new_tokens", None),
-                                        ("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0),
-                                        ("forced_bos_token_id", None), ("num_beam_groups", 1))
+    ignored = [key for key, default in (("do_sample", False), ("forced_bos_token_id", None), ("num_beam_groups", 1))
                if generation.get(key, default) not in (default, None)]
     if ignored:
         warn(f"warning: {where}: {', '.join(ignored)} not carried over (nmt-cli's search has no such option yet)")
@@ -270,9 +269,13 @@ def transformers_search(source: Path, config: dict[str, Any], target: Side,
             allow_unk = False
         elif entry[0] not in (target.pad, target.start, target.eos):  # our search never outputs those anyway
             never.append(target.tokens[entry[0]])
+    # min_length counts the start token, min_new_tokens does not (the later wins in generate(), as here)
+    min_len = max(int(generation.get("min_length") or 0) - 1, int(generation.get("min_new_tokens") or 0), 0)
     search = {"beam": max(beam, 1), "lenpen": float(generation.get("length_penalty", 1.0)), "lenpen_form": "length",
               "stopping": "early" if early is True else "heuristic", "max_len_a": 0.0, "max_len_b": max(limit, 1),
-              "allow_unk": allow_unk}
+              "allow_unk": allow_unk, "min_len": min_len,
+              "no_repeat_ngram_size": int(generation.get("no_repeat_ngram_size") or 0),
+              "repetition_penalty": float(generation.get("repetition_penalty") or 1.0)}
     try:
         SearchConfig(**search)
     except ValueError as e:

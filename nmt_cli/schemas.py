@@ -18,7 +18,8 @@ from nmt_cli.options import check_applies
 
 # SearchConfig's fields that a request may set (the others are the server's: max_len, or not yet served).
 REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b", "allow_unk",
-                   "sampling", "sampling_topk", "sampling_topp", "temperature", "seed")
+                   "min_len", "no_repeat_ngram_size", "repetition_penalty", "sampling", "sampling_topk",
+                   "sampling_topp", "temperature", "seed")
 HINTS = typing.get_type_hints(SearchConfig)  # the annotations are strings (`from __future__ import annotations`)
 
 

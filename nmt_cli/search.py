@@ -30,11 +30,12 @@ from torch import Tensor
 
 from nmt_cli import decoding
 from nmt_cli.config import SearchConfig
+from nmt_cli.controls import OutputControls
 from nmt_cli.decoding import DecoderState
 from nmt_cli.graphs import DecoderGraphs
 from nmt_cli.kernels import block_floats, search_projection, steps_between_reads, top_k
 from nmt_cli.model import Transformer
-from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass
@@ -91,16 +92,18 @@ class Ensemble:
             return [graphs.start(src, beam, length) for graphs in self.graphs]
         return [decoding.start(model, src) for model in self.models]
 
-    def top_tokens(self, tokens: Tensor, states: list[DecoderState], k: int, banned: Tensor,
+    def top_tokens(self, history: Tensor, states: list[DecoderState], k: int, controls: OutputControls,
                    forced: Tensor | None) -> tuple[Tensor, Tensor]:
         """Log-probabilities and ids (rows, k), best first, of the k most probable next tokens of
-        each row, never a `banned` one; a row whose `forced` entry is a token id (not -1) can
-        take only that token, at its own log-probability (EOS at the maximum length, a prefix).
+        each row, given its tokens so far (`history`, BOS first), under the `controls`; a row
+        whose `forced` entry is a token id (not -1) can take only that token, at its own
+        log-probability (EOS at the maximum length, a prefix).
 
         Rows go through the projection, softmax and top-k in blocks of about `kernels.block_floats`
         log-probabilities, so that on the CPU the (rows, vocab) matrix never exists whole: memory
         stays small with large vocabularies, and each block is still in cache when it is read again.
         """
+        tokens, output = history[:, -1], history[:, 1:]
         outputs = [state.step(tokens) if self.graphs is not None else decoding.step_output(model, tokens, state)
                    for model, state in zip(self.models, states)]
         rows = tokens.size(0)
@@ -112,9 +115,12 @@ class Ensemble:
                       for project, out in zip(self.projections, outputs)]
             lp = lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
             if forced is None:
-                lp[:, banned] = -math.inf
+                controls.apply(lp, output[part], output.size(1))
             else:
-                _force(lp, forced[part], banned)
+                column = forced[part].clamp(min=0).unsqueeze(1)
+                own = lp.gather(1, column)  # a forced token keeps its log-probability (<unk> in a prefix, say)
+                controls.apply(lp, output[part], output.size(1))
+                _force(lp, forced[part], column, own)
             top_values, top_indices = top_k(lp, k)
             values.append(top_values)
             indices.append(top_indices)
@@ -123,11 +129,9 @@ class Ensemble:
         return torch.cat(values), torch.cat(indices)
 
 
-def _force(lp: Tensor, forced: Tensor, banned: Tensor) -> None:
-    """Ban `banned` tokens, and on rows with a forced token (>= 0) every other token, in place."""
-    column = forced.clamp(min=0).unsqueeze(1)
-    own = lp.gather(1, column)  # a forced token keeps its log-probability even if banned (<unk> in a prefix)
-    lp[:, banned] = -math.inf
+def _force(lp: Tensor, forced: Tensor, column: Tensor, own: Tensor) -> None:
+    """On rows with a forced token (>= 0, also at `column`), every other token banned, in place;
+    the forced one at its `own` log-probability."""
     is_forced = (forced >= 0).unsqueeze(1)
     lp.masked_fill_(is_forced, -math.inf)
     lp.scatter_(1, column, torch.where(is_forced, own, lp.gather(1, column)))
@@ -151,11 +155,6 @@ def output_limits(src: Tensor, prefixes: Tensor | None, config: SearchConfig, ma
     if prefixes is None:
         return limits
     return torch.maximum(limits, (prefixes >= 0).sum(1) + 1).clamp(max=max_positions - 1)
-
-
-def banned_tokens(models: Ensemble, config: SearchConfig, device: torch.device) -> Tensor:
-    """Tokens a search never outputs: padding, BOS, the vocabulary's fillers, and <unk> unless --allow-unk."""
-    return torch.tensor([PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID]) + models.never, device=device)
 
 
 def heuristic(config: SearchConfig) -> bool:
@@ -260,14 +259,14 @@ class Beams:
 
 
 def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams, step: int, beam: int,
-                     k: int, banned: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                     k: int, controls: OutputControls) -> tuple[Tensor, Tensor, Tensor]:
     """Each sentence's 2 * beam best one-token continuations, best first: their log-probabilities,
     rows (of the sentence) and tokens."""
     n, width = beams.scores.shape
     forced = forced_tokens(step, beams.limits, beams.soonest_limit, beams.prefixes, width)
     # The best of a sentence's width * vocab candidates are among the k best tokens of each of its
     # rows: add the row scores to those only (not to every vocabulary entry).
-    token_lprobs, tokens = models.top_tokens(beams.history[:, -1], states, k, banned, forced)
+    token_lprobs, tokens = models.top_tokens(beams.history, states, k, controls, forced)
     candidates = (beams.scores.unsqueeze(2) + token_lprobs.view(n, width, k)).view(n, -1)
     top_scores, top = candidates.topk(min(2 * beam, width * k), dim=1)
     return top_scores, top // k, tokens.view(n, -1).gather(1, top)
@@ -300,12 +299,12 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
                   limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
     states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
     finished = Finished(batch, beam, max(limit) + 1, device)
-    banned, read_every = banned_tokens(models, config, device), steps_between_reads(device)
+    controls, read_every = OutputControls.of(config, models.never, device), steps_between_reads(device)
 
     for step in range(max(limit) + 1):
         models.check_deadline()
         n, width = beams.scores.shape
-        top_scores, top_row, top_token = _best_candidates(models, states, beams, step, beam, k, banned)
+        top_scores, top_row, top_token = _best_candidates(models, states, beams, step, beam, k, controls)
         is_eos = top_token == EOS_ID
         # Finished: EOS among the top `beam` candidates, of a sentence not done before.
         is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)
@@ -346,7 +345,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     limits = output_limits(src, prefixes, config, models.max_positions)
     soonest_limit, states = int(limits.min()), models.start(src)
     k = min(config.sampling_topk or models.vocab_size, models.vocab_size)
-    banned, read_every = banned_tokens(models, config, device), steps_between_reads(device)
+    controls, read_every = OutputControls.of(config, models.never, device), steps_between_reads(device)
     history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(batch * n, device=device)
     length = torch.zeros(batch * n, dtype=torch.long, device=device)
@@ -354,7 +353,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     for step in range(int(limits.max()) + 1):
         models.check_deadline()
         width = 1 if step == 0 else n  # the first step draws a sentence's n samples from its one row
-        lp, ids = models.top_tokens(history[:, -1], states, k, banned,
+        lp, ids = models.top_tokens(history, states, k, controls,
                                     forced_tokens(step, limits, soonest_limit, prefixes, width))
         choice = _draw(lp, config, generator, n if step == 0 else 1).view(batch * n, 1)
         if step == 0:

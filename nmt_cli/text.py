@@ -92,9 +92,10 @@ class TextProcessor:
         return " ".join(tokens).replace(BPE_SEPARATOR + " ", "").removesuffix(BPE_SEPARATOR).split()
 
     def decode(self, tokens: list[str]) -> str:
-        """Subword tokens -> text: BPE joined back, then Moses detokenization (or SentencePiece's own)."""
+        """Subword tokens -> text: BPE joined back, then Moses detokenization (or SentencePiece's own,
+        without the space a lone word-boundary piece leaves at either end, as MarianTokenizer does)."""
         if self.pieces is not None:
-            return self.pieces.decode_pieces(tokens)
+            return self.pieces.decode_pieces(tokens).strip()
         words = self.join_subwords(tokens)
         return self.detokenizer.detokenize(words) if self.detokenizer is not None else " ".join(words)
 

@@ -175,19 +175,48 @@ def test_beam_search_is_generates(trained_release):
     """The imported defaults (beam 4, |Y|^1.0, the heuristic stopping) against generate() with the
     release's generation_config.json."""
     directory, imported, sources = trained_release
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(directory)).eval()
-    theirs = []
-    for start in range(0, len(sources), 100):
-        batch = tokenizer(sources[start:start + 100], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            theirs += tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
+    theirs = generated_lines(directory, sources)
     translator = Translator.load(imported, device="cpu")
     assert translator.config.search.stopping == "heuristic"
     ours = translator.translate(sources)
     assert sum(a == b for a, b in zip(ours, theirs)) >= 0.99 * len(sources)
     early = Translator.load(imported, device="cpu", stopping="early").translate(sources)
     assert early != ours  # the stopping rule is on trial on these lines
+
+
+@pytest.mark.slow
+def test_decoding_controls_are_generates(trained_release, tmp_path):
+    """A release's min_new_tokens, no_repeat_ngram_size and repetition_penalty, imported: our beam
+    search under them gives generate()'s output."""
+    directory, imported, sources = trained_release
+    shutil.copytree(directory, tmp_path / "hf")
+    generation = json.loads((tmp_path / "hf/generation_config.json").read_text())
+    generation.update(min_new_tokens=7, no_repeat_ngram_size=2, repetition_penalty=1.5)
+    (tmp_path / "hf/generation_config.json").write_text(json.dumps(generation))
+    import_model(tmp_path / "hf", tmp_path / "imported.pt")
+    translator = Translator.load(tmp_path / "imported.pt", device="cpu")
+    search = translator.config.search
+    assert (search.min_len, search.no_repeat_ngram_size, search.repetition_penalty) == (7, 2, 1.5)
+    ours, theirs = translator.translate(sources), generated_lines(tmp_path / "hf", sources)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.99 * len(sources)
+    plain = Translator.load(imported, device="cpu").translate(sources)
+    assert sum(a != b for a, b in zip(ours, plain)) >= 0.2 * len(sources)  # the controls are on trial
+    export = cli("export", "-m", tmp_path / "imported.pt", "--format", "transformers", "-o", tmp_path / "again")
+    assert export.exit_code == 0, export.output  # and the controls go out again as generate()'s defaults
+    again = json.loads((tmp_path / "again/generation_config.json").read_text())
+    assert (again["min_new_tokens"], again["no_repeat_ngram_size"], again["repetition_penalty"]) == (7, 2, 1.5)
+
+
+def generated_lines(directory, sources):
+    """transformers' generate() of `sources` with the release's generation_config.json."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(directory)).eval()
+    lines = []
+    for start in range(0, len(sources), 100):
+        batch = tokenizer(sources[start:start + 100], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            lines += tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
+    return lines
 
 
 def weights(path):

@@ -12,7 +12,7 @@ LAYERS = (
     ("foundations", {"errors", "version", "options", "files", "lines", "vocab", "moses"}),
     ("settings, text and data", {"architecture", "config", "bpe", "pieces", "text", "data", "datadir"}),
     ("the paper's model", {"model"}),
-    ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "search"}),
+    ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "controls", "search"}),
     ("models in use", {"checkpoint", "generator", "pipeline", "records", "trainer", "progress", "runlog", "savedir",
                        "workers", "score", "plot", "release", "release_transformers", "release_marian"}),
     ("the commands and the API", {"translator", "translate", "train", "preprocess", "export", "marian", "serve",

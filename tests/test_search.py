@@ -106,9 +106,19 @@ def reference_beam_search(models, src, config):
         candidates = []
         for score, tokens in live:
             lprobs = averaged_log_probs(members, src, [BOS_ID] + tokens)[-1]
+            for t in set(tokens):  # --repetition-penalty
+                lprobs[t] *= config.repetition_penalty
+            eos = lprobs[EOS_ID].item()
             lprobs[banned] = -math.inf
-            if step == limit:
-                lprobs[torch.arange(len(lprobs)) != EOS_ID] = -math.inf
+            if step < config.min_len:
+                lprobs[EOS_ID] = -math.inf
+            n = config.no_repeat_ngram_size
+            for start in range(len(tokens) - n + 1 if n else 0):  # every earlier n-gram's last token is banned
+                if tokens[start:start + n - 1] == tokens[len(tokens) - n + 1:]:  # after the output's last n - 1
+                    lprobs[tokens[start + n - 1]] = -math.inf
+            if step == limit:  # </s> at the length limit, at its own log-probability
+                lprobs[:] = -math.inf
+                lprobs[EOS_ID] = eos
             candidates += [(score + lp, tokens + [t]) for t, lp in enumerate(lprobs.tolist())]
         candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * config.beam]
         finished += [(lp / penalty(step + 1), lp, tokens[:-1])
@@ -125,7 +135,9 @@ def reference_beam_search(models, src, config):
 
 
 @pytest.mark.parametrize("rules", [{}, {"lenpen_form": "length", "lenpen": 1.0, "stopping": "heuristic"},
-                                   {"stopping": "heuristic", "lenpen": 2.0}])
+                                   {"stopping": "heuristic", "lenpen": 2.0},
+                                   {"min_len": 3, "no_repeat_ngram_size": 2, "repetition_penalty": 1.5},
+                                   {"no_repeat_ngram_size": 1, "repetition_penalty": 0.7, "stopping": "heuristic"}])
 @pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4), (4, 601, 5)])
 @pytest.mark.slow
 def test_search_equals_the_search_written_out(beam, vocab, seed, rules):
