@@ -50,7 +50,7 @@ _SEARCHING = (lambda c: not c.sampling, "to beam search, not with --sampling (--
 
 @dataclass(frozen=True)
 class SearchConfig(Options):
-    """Beam search (search.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
+    """Beam search (search.py, sampling.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
 
     beam: int = knob(4, "Beam size (1: greedy).", min=1, max=BEAM_MAX, only_if=_SEARCHING)
     lenpen: float = knob(0.6, "Length penalty alpha: score / ((5 + |Y|) / 6)^alpha (see --lenpen-form).", min=0.0,

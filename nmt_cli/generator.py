@@ -21,7 +21,8 @@ from nmt_cli.data import pad
 from nmt_cli.device import out_of_memory
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
-from nmt_cli.search import Ensemble, Hypothesis, beam_search, sample
+from nmt_cli.sampling import sample
+from nmt_cli.search import Ensemble, Hypothesis, beam_search
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 

@@ -1,4 +1,4 @@
-"""Beam search (and sampling) over the incremental decoder (§6.1: beam 4, length penalty alpha 0.6, max output
+"""Beam search over the incremental decoder (§6.1: beam 4, length penalty alpha 0.6, max output
 length = input length + 50, early stopping).
 
 Batched: the encoder runs once per batch, and a sentence's beams share its encoder keys/values
@@ -30,6 +30,7 @@ from torch import Tensor
 
 from nmt_cli import decoding
 from nmt_cli.config import SearchConfig
+from nmt_cli.constraints import Terms
 from nmt_cli.controls import OutputControls
 from nmt_cli.decoding import DecoderState
 from nmt_cli.graphs import DecoderGraphs
@@ -93,11 +94,13 @@ class Ensemble:
         return [decoding.start(model, src) for model in self.models]
 
     def top_tokens(self, history: Tensor, states: list[DecoderState], k: int, controls: OutputControls,
-                   forced: Tensor | None) -> tuple[Tensor, Tensor]:
+                   forced: Tensor | None, rules: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """Log-probabilities and ids (rows, k), best first, of the k most probable next tokens of
         each row, given its tokens so far (`history`, BOS first), under the `controls`; a row
         whose `forced` entry is a token id (not -1) can take only that token, at its own
-        log-probability (EOS at the maximum length, a prefix).
+        log-probability (EOS at the maximum length, a prefix). With `rules` (`Terms.rules`: each
+        row's banned tokens and wanted ones, -1 for none), the wanted tokens follow the k (rows, k
+        + wanted), at -inf where banned, repeated or none.
 
         Rows go through the projection, softmax and top-k in blocks of about `kernels.block_floats`
         log-probabilities, so that on the CPU the (rows, vocab) matrix never exists whole: memory
@@ -114,19 +117,35 @@ class Ensemble:
             lprobs = [torch.log_softmax(project(out[part]).float(), dim=-1)
                       for project, out in zip(self.projections, outputs)]
             lp = lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
-            if forced is None:
-                controls.apply(lp, output[part], output.size(1))
-            else:
-                column = forced[part].clamp(min=0).unsqueeze(1)
-                own = lp.gather(1, column)  # a forced token keeps its log-probability (<unk> in a prefix, say)
-                controls.apply(lp, output[part], output.size(1))
+            column = None if forced is None else forced[part].clamp(min=0).unsqueeze(1)
+            own = None if column is None else lp.gather(1, column)  # a forced token keeps its log-probability
+            controls.apply(lp, output[part], output.size(1))
+            if rules is not None:
+                _ban(lp, rules[0][part])
+            if column is not None:
                 _force(lp, forced[part], column, own)
             top_values, top_indices = top_k(lp, k)
+            if rules is not None:
+                top_values, top_indices = _with_wanted(lp, top_values, top_indices, rules[1][part])
             values.append(top_values)
             indices.append(top_indices)
         if len(values) == 1:  # one block, as on a GPU: no copy
             return values[0], indices[0]
         return torch.cat(values), torch.cat(indices)
+
+
+def _ban(lp: Tensor, banned: Tensor) -> None:
+    """Each row's `banned` tokens (rows, b; -1: none) at -inf, in place."""
+    columns = banned.clamp(min=0)
+    lp.scatter_(1, columns, lp.gather(1, columns).masked_fill(banned >= 0, -math.inf))
+
+
+def _with_wanted(lp: Tensor, values: Tensor, indices: Tensor, wanted: Tensor) -> tuple[Tensor, Tensor]:
+    """The top-k (`values`, `indices`) of each row followed by its `wanted` tokens (-1: none)."""
+    columns = wanted.clamp(min=0)
+    extra = lp.gather(1, columns).masked_fill((wanted < 0) | (wanted.unsqueeze(2) == indices.unsqueeze(1)).any(2),
+                                              -math.inf)
+    return torch.cat([values, extra], 1), torch.cat([indices, columns], 1)
 
 
 def _force(lp: Tensor, forced: Tensor, column: Tensor, own: Tensor) -> None:
@@ -162,13 +181,17 @@ def heuristic(config: SearchConfig) -> bool:
     return config.stopping == "heuristic" and config.beam > 1
 
 
+SHORT = 1e9  # ranks a hypothesis short of its constraints after those that hold them
+
+
 class Finished:
     """The hypotheses each sentence of a search has finished, kept on the search's device so that
     a step reads nothing back to the host. A sentence has 2 * beam slots: it stops collecting
     once it holds `beam` (with the heuristic stopping, it keeps its `beam` best after each step),
     and one step adds at most `beam`. One more slot takes the writes of the candidates that did
     not finish. Scores are float64, as the host's floats were, so that the
-    stopping test and the final order are those of a search kept on the host."""
+    stopping test and the final order are those of a search kept on the host. A hypothesis that
+    ended short of its constraints (at the length limit) ranks after every one that holds them."""
 
     def __init__(self, batch: int, beam: int, max_len: int, device: torch.device) -> None:
         self.spare = 2 * beam  # the slot that takes the writes of unfinished candidates
@@ -177,10 +200,13 @@ class Finished:
         self.log_prob = torch.zeros_like(self.score)
         self.length = torch.zeros(batch, self.spare + 1, dtype=torch.long, device=device)
         self.tokens = torch.zeros(batch, self.spare + 1, max_len, dtype=torch.long, device=device)
+        self.short = torch.zeros(batch, self.spare + 1, dtype=torch.bool, device=device)
 
-    def add(self, sentences: Tensor, is_new: Tensor, log_probs: Tensor, tokens: Tensor, penalty: float) -> None:
+    def add(self, sentences: Tensor, is_new: Tensor, log_probs: Tensor, tokens: Tensor, penalty: float,
+            short: Tensor | None = None) -> None:
         """Candidates `is_new` (sentences, beam) finish with `log_probs` and `tokens` (sentences,
-        beam, step), each sentence's in order of rank; `sentences` are their sentence ids."""
+        beam, step), each sentence's in order of rank; `sentences` are their sentence ids; `short`:
+        those without all their constraints."""
         slot = torch.where(is_new, self.count[sentences].unsqueeze(1) + is_new.cumsum(1) - 1, self.spare)
         where = (sentences.unsqueeze(1).expand_as(slot), slot)
         log_probs = log_probs.double()
@@ -188,14 +214,17 @@ class Finished:
         self.log_prob.index_put_(where, log_probs)
         self.length[where] = tokens.size(2)
         self.tokens[:, :, : tokens.size(2)].index_put_(where, tokens)
+        if short is not None:
+            self.short.index_put_(where, short)
         self.count.index_add_(0, sentences, is_new.sum(1))
 
     def keep_best(self, beam: int) -> None:
         """Keep each sentence's `beam` best finished hypotheses (the earlier on equal scores), in
         its first slots: the rest are free for the next step's."""
-        order = self.score[:, : self.spare].argsort(dim=1, descending=True, stable=True)
+        rank = self.score[:, : self.spare] - SHORT * self.short[:, : self.spare]
+        order = rank.argsort(dim=1, descending=True, stable=True)
         kept, freed = order[:, :beam], order[:, beam:]
-        for x in (self.score, self.log_prob, self.length):
+        for x in (self.score, self.log_prob, self.length, self.short):
             x[:, : self.spare] = torch.cat([x.gather(1, kept), x.gather(1, freed)], dim=1)
         index = torch.cat([kept, freed], dim=1).unsqueeze(2).expand(-1, -1, self.tokens.size(2))
         self.tokens[:, : self.spare] = self.tokens.gather(1, index)
@@ -217,14 +246,13 @@ class Finished:
     def hypotheses(self, nbest: int) -> list[list[Hypothesis]]:
         """Each sentence's `nbest` best hypotheses, best first (the earlier on equal scores): one
         read back to the host."""
-        count, score, log_prob, length, tokens = (
-            x.cpu() for x in (self.count, self.score, self.log_prob, self.length, self.tokens))
+        count, score, log_prob, length, tokens, short = (
+            x.cpu() for x in (self.count, self.score, self.log_prob, self.length, self.tokens, self.short))
         out = []
         for s, n in enumerate(count.tolist()):
-            hyps = [Hypothesis(tokens[s, i, :size].tolist(), sc, lp)
-                    for i, (size, sc, lp) in enumerate(zip(length[s, :n].tolist(), score[s, :n].tolist(),
-                                                            log_prob[s, :n].tolist()))]
-            out.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+            ranked = sorted(range(n), key=lambda i: (bool(short[s, i]), -float(score[s, i])))
+            out.append([Hypothesis(tokens[s, i, : int(length[s, i])].tolist(), float(score[s, i]),
+                                   float(log_prob[s, i])) for i in ranked[:nbest]])
         return out
 
 
@@ -259,24 +287,32 @@ class Beams:
 
 
 def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams, step: int, beam: int,
-                     k: int, controls: OutputControls) -> tuple[Tensor, Tensor, Tensor]:
-    """Each sentence's 2 * beam best one-token continuations, best first: their log-probabilities,
-    rows (of the sentence) and tokens."""
+                     k: int, controls: OutputControls, terms: Terms | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each sentence's 2 * beam best one-token continuations, best first (with `terms`, in the
+    order of dynamic beam allocation): their log-probabilities, rows (of the sentence), tokens and
+    indices among the candidates."""
     n, width = beams.scores.shape
     forced = forced_tokens(step, beams.limits, beams.soonest_limit, beams.prefixes, width)
     # The best of a sentence's width * vocab candidates are among the k best tokens of each of its
     # rows: add the row scores to those only (not to every vocabulary entry).
-    token_lprobs, tokens = models.top_tokens(beams.history, states, k, controls, forced)
-    candidates = (beams.scores.unsqueeze(2) + token_lprobs.view(n, width, k)).view(n, -1)
-    top_scores, top = candidates.topk(min(2 * beam, width * k), dim=1)
-    return top_scores, top // k, tokens.view(n, -1).gather(1, top)
+    rules = terms.rules(beams.history, beams.sentences) if terms is not None else None
+    token_lprobs, tokens = models.top_tokens(beams.history, states, k, controls, forced, rules)
+    per_row = token_lprobs.size(1)
+    candidates = (beams.scores.unsqueeze(2) + token_lprobs.view(n, width, per_row)).view(n, -1)
+    count = min(2 * beam, width * per_row)
+    if terms is not None and terms.allocates:
+        top_scores, top = terms.choose(candidates, tokens.view(n, -1), beams.sentences, count)
+    else:
+        top_scores, top = candidates.topk(count, dim=1)
+    return top_scores, top // per_row, tokens.view(n, -1).gather(1, top), top
 
 
 @torch.inference_mode()
-def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
-                prefixes: Tensor | None = None) -> list[list[Hypothesis]]:
+def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: Tensor | None = None,
+                terms: Terms | None = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first; each
-    starts with its row of `prefixes` (target ids, -1 after the end) when given.
+    starts with its row of `prefixes` (target ids, -1 after the end) when given, and holds its
+    sentence's `terms` (constraints.py).
 
     Every step's bookkeeping stays on the device; the host reads which sentences are done only
     every `kernels.steps_between_reads` steps, and then drops them from the batch (a sentence
@@ -300,21 +336,28 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
     states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
     finished = Finished(batch, beam, max(limit) + 1, device)
     controls, read_every = OutputControls.of(config, models.never, device), steps_between_reads(device)
+    if terms is not None:
+        terms.start(batch, width)
 
     for step in range(max(limit) + 1):
         models.check_deadline()
         n, width = beams.scores.shape
-        top_scores, top_row, top_token = _best_candidates(models, states, beams, step, beam, k, controls)
+        top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, controls, terms)
         is_eos = top_token == EOS_ID
         # Finished: EOS among the top `beam` candidates, of a sentence not done before.
         is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)
         ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row[:, :beam], 1:]
-        finished.add(beams.sentences, is_new, top_scores[:, :beam], ended, penalty(step + 1))
+        short = terms.short(top[:, :beam], beams.sentences) if terms is not None and terms.allocates else None
+        finished.add(beams.sentences, is_new, top_scores[:, :beam], ended, penalty(step + 1), short)
         if heuristic(config):
             finished.keep_best(beam)
-        # The `beam` best continuations that are not EOS.
-        live = top_scores.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
-        beams.scores = live.values
+        # The first `beam` continuations that are not EOS (by score; with terms, by allocation).
+        order = top_scores if terms is None or not terms.allocates else \
+            -torch.arange(top.size(1), device=device, dtype=top_scores.dtype).expand_as(top_scores)
+        live = order.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
+        beams.scores = top_scores.gather(1, live.indices)
+        if terms is not None and terms.allocates:
+            terms.advance(top.gather(1, live.indices))
         origin = (torch.arange(n, device=device).unsqueeze(1) * width + top_row.gather(1, live.indices)).view(-1)
         beams.history = torch.cat([beams.history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
         beams.done |= (beams.limits <= step) | finished.done(beams.sentences, beams.scores.max(dim=1).values,
@@ -326,59 +369,9 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig,
                 break
             if len(keep) < n:
                 index, origin = beams.keep(keep, origin)
+                if terms is not None and terms.allocates:
+                    terms.keep(index, beam)
         for state in states:
             state.reorder(origin, index)
 
     return finished.hypotheses(config.nbest)
-
-
-@torch.inference_mode()
-def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch.Generator,
-           prefixes: Tensor | None = None) -> list[list[Hypothesis]]:
-    """`nbest` independent samples for each row of `src`, best first by score (--sampling): each
-    token drawn from the model's distribution at `temperature`, among the `sampling_topk` most
-    probable tokens or the nucleus of probability `sampling_topp` when given (back-translation).
-    A sentence's samples are consecutive decoder rows; rows that finished wait for the others
-    (the host reads whether all have finished every `kernels.steps_between_reads` steps)."""
-    assert models.graphs is None, "sampling changes its number of rows: it runs without graphs"
-    batch, n, device = src.size(0), config.nbest, src.device
-    limits = output_limits(src, prefixes, config, models.max_positions)
-    soonest_limit, states = int(limits.min()), models.start(src)
-    k = min(config.sampling_topk or models.vocab_size, models.vocab_size)
-    controls, read_every = OutputControls.of(config, models.never, device), steps_between_reads(device)
-    history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
-    log_prob = torch.zeros(batch * n, device=device)
-    length = torch.zeros(batch * n, dtype=torch.long, device=device)
-    done = torch.zeros(batch * n, dtype=torch.bool, device=device)
-    for step in range(int(limits.max()) + 1):
-        models.check_deadline()
-        width = 1 if step == 0 else n  # the first step draws a sentence's n samples from its one row
-        lp, ids = models.top_tokens(history, states, k, controls,
-                                    forced_tokens(step, limits, soonest_limit, prefixes, width))
-        choice = _draw(lp, config, generator, n if step == 0 else 1).view(batch * n, 1)
-        if step == 0:
-            origin = torch.arange(batch, device=device).repeat_interleave(n)
-            lp, ids, history = lp[origin], ids[origin], history[origin]
-            for state in states:
-                state.reorder(origin)
-        token = ids.gather(1, choice).squeeze(1).masked_fill(done, PAD_ID)
-        log_prob += lp.gather(1, choice).squeeze(1).masked_fill(done, 0.0)
-        length += ~done
-        done |= token == EOS_ID
-        history = torch.cat([history, token.unsqueeze(1)], dim=1)
-        if (step + 1) % read_every == 0 and bool(done.all()):
-            break
-    history = history.cpu()  # one read for all samples, not one per sample
-    penalty = functools.partial(length_penalty, alpha=config.lenpen, form=config.lenpen_form)
-    samples = [Hypothesis(history[row, 1:size].tolist(), lp / penalty(size), lp)
-               for row, (size, lp) in enumerate(zip(length.tolist(), log_prob.tolist()))]
-    return [sorted(samples[i * n:(i + 1) * n], key=lambda h: -h.score) for i in range(batch)]
-
-
-def _draw(lp: Tensor, config: SearchConfig, generator: torch.Generator, count: int) -> Tensor:
-    """`count` draws (with replacement) per row from log-probabilities `lp` sorted best first."""
-    logits = lp / config.temperature
-    if config.sampling_topp is not None and config.sampling_topp < 1:
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs.cumsum(-1) - probs >= config.sampling_topp, -math.inf)
-    return torch.multinomial(logits.softmax(-1), count, replacement=True, generator=generator)

@@ -2,6 +2,8 @@
 search's), token batches, the search's source and prefix tensors, a tiny training run, a
 translator of a checkpoint, and `nmt translate` run in this process."""
 
+import math
+
 import torch
 from click.testing import CliRunner
 
@@ -12,7 +14,7 @@ from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
 from nmt_cli.model import Transformer
 from nmt_cli.train import TrainingRun
 from nmt_cli.translator import Translator
-from nmt_cli.vocab import EOS_ID, PAD_ID
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # ---------------------------------------------------------------------------- models
 
@@ -91,3 +93,30 @@ def translator(path, warnings=None, **options):
 def run_translate(*args, **kwargs):
     """`nmt translate ARGS` in this process."""
     return CliRunner().invoke(main, ["translate", *map(str, args)], **kwargs)
+
+
+# ---------------------------------------------------------------------------- search oracles
+
+def seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def greedy(model, src, limit):
+    """Straightforward greedy decoding with the full (uncached) forward pass."""
+    out = [BOS_ID]
+    for _ in range(limit + 1):
+        logits = model(src, torch.tensor([out]))[0, -1]
+        logits[[PAD_ID, BOS_ID, UNK_ID]] = -math.inf
+        if len(out) - 1 == limit:
+            return out[1:]
+        token = int(logits.argmax())
+        if token == EOS_ID:
+            return out[1:]
+        out.append(token)
+    return out[1:]
+
+
+def sequence_log_prob(model, src, tokens):
+    tgt_in = torch.tensor([[BOS_ID] + tokens])
+    lprobs = torch.log_softmax(model(src, tgt_in)[0].float(), dim=-1)
+    return sum(lprobs[t, y].item() for t, y in enumerate(tokens + [EOS_ID]))

@@ -12,10 +12,10 @@ from builders import random_model, sources
 from click.testing import CliRunner
 from conftest import request, serving, tiny_checkpoint
 
-from nmt_cli import search
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig
 from nmt_cli.controls import repeated_ngram_ends
+from nmt_cli.sampling import sample
 from nmt_cli.search import Ensemble
 from nmt_cli.translator import Translator
 
@@ -39,11 +39,11 @@ def test_samples_keep_the_minimum_length_and_repeat_no_ngram():
     model = random_model(8, 3, scale=1.0)  # a flat model over 4 symbols: unconstrained samples repeat
     rows = [[4, 5, 6], [7], [5, 5, 4, 6]]
     config = SearchConfig(sampling=True, nbest=16, max_len_a=0, max_len_b=12)
-    free = search.sample(Ensemble([model]), sources(rows, 8), config, torch.Generator().manual_seed(0))
+    free = sample(Ensemble([model]), sources(rows, 8), config, torch.Generator().manual_seed(0))
     assert any(len(h.tokens) < 3 for s in free for h in s) and any(has_repeated_ngram(h.tokens, 2)
                                                                    for s in free for h in s)
     controlled = SearchConfig(**{**config.to_dict(), "min_len": 3, "no_repeat_ngram_size": 2})
-    samples = search.sample(Ensemble([model]), sources(rows, 8), controlled, torch.Generator().manual_seed(0))
+    samples = sample(Ensemble([model]), sources(rows, 8), controlled, torch.Generator().manual_seed(0))
     for h in (h for s in samples for h in s):
         assert len(h.tokens) >= 3 and not has_repeated_ngram(h.tokens, 2), h.tokens
 

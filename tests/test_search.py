@@ -5,9 +5,18 @@ import math
 
 import pytest
 import torch
-from builders import SEARCH_TINY, averaged_log_probs, prefix_tensor, random_model, sources
+from builders import (
+    SEARCH_TINY,
+    averaged_log_probs,
+    greedy,
+    prefix_tensor,
+    random_model,
+    seeded,
+    sequence_log_prob,
+    sources,
+)
 
-from nmt_cli import kernels, search
+from nmt_cli import kernels, sampling, search
 from nmt_cli.config import SearchConfig
 from nmt_cli.search import Ensemble, beam_search, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -31,21 +40,6 @@ def test_max_length_is_a_times_source_plus_b():
     assert max_lengths(torch.tensor([3, 100]), SearchConfig(max_len=20), 1024).tolist() == [20, 20]
 
 
-def greedy(model, src, limit):
-    """Straightforward greedy decoding with the full (uncached) forward pass."""
-    out = [BOS_ID]
-    for _ in range(limit + 1):
-        logits = model(src, torch.tensor([out]))[0, -1]
-        logits[[PAD_ID, BOS_ID, UNK_ID]] = -math.inf
-        if len(out) - 1 == limit:
-            return out[1:]
-        token = int(logits.argmax())
-        if token == EOS_ID:
-            return out[1:]
-        out.append(token)
-    return out[1:]
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_beam_1_is_greedy(seed):
     model = random_model(12, seed, scale=4.0)
@@ -54,12 +48,6 @@ def test_beam_1_is_greedy(seed):
     hyps = beam_search(Ensemble([model]), sources(rows, 12), config)
     for row, h in zip(rows, hyps):
         assert h[0].tokens == greedy(model, sources([row], 12), 8)
-
-
-def sequence_log_prob(model, src, tokens):
-    tgt_in = torch.tensor([[BOS_ID] + tokens])
-    lprobs = torch.log_softmax(model(src, tgt_in)[0].float(), dim=-1)
-    return sum(lprobs[t, y].item() for t, y in enumerate(tokens + [EOS_ID]))
 
 
 @pytest.mark.parametrize("form", ["gnmt", "length"])
@@ -230,7 +218,7 @@ def test_vocabulary_fillers_are_never_output(monkeypatch):
 
     def outputs(ensemble):
         found = beam_search(ensemble, src, beam) + beam_search(ensemble, src, beam, prefixes)
-        found += search.sample(ensemble, src, sampled, seeded(0)) + search.sample(ensemble, src, sampled, seeded(1),
+        found += sampling.sample(ensemble, src, sampled, seeded(0)) + sampling.sample(ensemble, src, sampled, seeded(1),
                                                                                   prefixes)
         return {token for hyps in found for h in hyps for token in h.tokens}
 
@@ -294,44 +282,6 @@ def test_a_prefix_longer_than_the_length_limit_still_ends_in_a_token_after_it():
     assert hyps[0][0].tokens[:4] == [7, 8, 9, 10] and len(hyps[0][0].tokens) <= 5
 
 
-def seeded(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def test_samples_are_reproducible_scored_and_independent():
-    model = random_model(12, 6, scale=1.0)
-    rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5]]
-    config = SearchConfig(sampling=True, nbest=4, beam=1, lenpen=0.0, max_len_a=0, max_len_b=10)
-    first = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(1))
-    again = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(1))
-    other = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(2))
-    assert [[h.tokens for h in s] for s in first] == [[h.tokens for h in s] for s in again]
-    assert [[h.tokens for h in s] for s in first] != [[h.tokens for h in s] for s in other]
-    for row, samples in zip(rows, first):
-        assert len(samples) == 4 and len({tuple(h.tokens) for h in samples}) > 1  # a flat model: samples differ
-        assert [h.score for h in samples] == sorted((h.score for h in samples), reverse=True)
-        for h in samples:
-            assert h.log_prob == pytest.approx(sequence_log_prob(model, sources([row], 12), h.tokens), abs=1e-4)
-
-
-@pytest.mark.parametrize("cut", [{"sampling_topk": 1}, {"sampling_topp": 1e-6}, {"temperature": 1e-4}])
-def test_sampling_cut_to_the_top_token_is_greedy(cut):
-    model = random_model(12, 7, scale=4.0)
-    rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5]]
-    config = SearchConfig(sampling=True, nbest=2, max_len_a=0, max_len_b=8, **cut)
-    samples = search.sample(Ensemble([model]), sources(rows, 12), config, seeded(0))
-    for row, pair in zip(rows, samples):
-        assert [h.tokens for h in pair] == [greedy(model, sources([row], 12), 8)] * 2
-
-
-def test_sampling_keeps_to_prefixes():
-    model = random_model(12, 8, scale=1.0)
-    config = SearchConfig(sampling=True, nbest=3, max_len_a=0, max_len_b=6)
-    samples = search.sample(Ensemble([model]), sources([[5, 6], [7]], 12), config, seeded(3),
-                            prefix_tensor([[9, 10], [4]]))
-    assert all(h.tokens[:2] == [9, 10] for h in samples[0]) and all(h.tokens[:1] == [4] for h in samples[1])
-
-
 SYNCING_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
                torch.ops.aten.is_nonzero.default, torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default}
 
@@ -373,22 +323,23 @@ def reads_after_each_step(events):
 
 
 @pytest.mark.parametrize("every", [1, 3])
-@pytest.mark.parametrize("sampling", [False, True])
-def test_the_host_reads_the_search_state_only_every_few_steps(monkeypatch, every, sampling):
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_host_reads_the_search_state_only_every_few_steps(monkeypatch, every, sampled):
     """A step's bookkeeping stays on the device: the host reads which sentences are done once
     every `steps_between_reads` steps (a GPU waits at each read), and the search is the same."""
     models = Ensemble([random_model(12, 9, scale=2.0)])
     rows = [[5, 6, 7], [8, 9, 10, 11, 4, 5], [6], [7, 8, 9, 10, 11, 4, 5, 6, 7]]
-    config = SearchConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=4, sampling=sampling, temperature=2.0)
+    config = SearchConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=4, sampling=sampled, temperature=2.0)
     prefixes = prefix_tensor([[9], [], [4, 5], []])
 
     def run():
-        if sampling:
-            return search.sample(models, sources(rows, 12), config, seeded(4), prefixes)
+        if sampled:
+            return sampling.sample(models, sources(rows, 12), config, seeded(4), prefixes)
         return beam_search(models, sources(rows, 12), config, prefixes)
 
     expected = run()
-    monkeypatch.setattr(search, "steps_between_reads", lambda device: every)
+    for module in (search, sampling):
+        monkeypatch.setattr(module, "steps_between_reads", lambda device: every)
     hyps, events = steps_and_reads(monkeypatch, models, run)
     reads = reads_after_each_step(events)
     assert len(reads) >= 2 * every
