@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.constraints import Phrases
 from nmt_cli.records import Translation
 from nmt_cli.search import SearchInterrupted
 from nmt_cli.translator import Translator
@@ -40,6 +41,9 @@ class Job:
     lines: list[str]
     prefixes: list[str] | None = None  # each output starts with its sentence's
     attention: bool = False  # each best translation with its alignment
+    constraints: list[list[str]] | None = None  # each output holds its sentence's phrases
+    avoid: list[list[str]] | None = None  # and none of these
+    terms: Phrases | None = None  # the phrases' ids
     sources: list[list[int]] = field(default_factory=list)
     forced: list[list[int]] = field(default_factory=list)  # the prefixes' ids
     order: list[int] = field(default_factory=list)
@@ -70,11 +74,13 @@ class Batcher:
         self.deadline: float | None = None
 
     def submit(self, translator: Translator, search: SearchConfig, lines: list[str],
-               prefixes: list[str] | None = None, attention: bool = False) -> Future:
+               prefixes: list[str] | None = None, attention: bool = False, constraints: list[list[str]] | None = None,
+               avoid: list[list[str]] | None = None) -> Future:
         """A future of each line's translations by `translator`, best first (none for an empty
-        line), each starting with its prefix when given, the best with its alignment when
-        `attention`. Failed with RequestTooLarge, ShuttingDown, or what the search raised."""
-        job = Job(translator, search, lines, prefixes, attention)
+        line), each starting with its prefix when given, holding its `constraints` and none of
+        the phrases to `avoid`, the best with its alignment when `attention`. Failed with
+        RequestTooLarge, ShuttingDown, or what the search raised."""
+        job = Job(translator, search, lines, prefixes, attention, constraints, avoid)
         self.requests += 1
         self.encoder.submit(self._encode, job)
         return job.done
@@ -111,6 +117,7 @@ class Batcher:
                 if tokens > limit:
                     raise RequestTooLarge(f"sentences 1 to {number} come to {tokens} source tokens, more than the "
                                           f"server's --max-source-tokens {limit}")
+            job.terms = job.translator.phrases(job.sources, job.search, job.constraints, job.avoid)
         except Exception as e:  # noqa: BLE001 (the request fails, the server keeps serving)
             job.done.set_exception(e)
             return
@@ -180,7 +187,10 @@ class Batcher:
             picked = [(job, k) for job, count in taken for k in job.order[:count]]  # the search's sentences
             sources = [job.sources[k] for job, k in picked]
             forced = [job.forced[k] for job, k in picked] if taken[0][0].forced else None
-            found = translator.search_ids(sources, search, forced, reseed=seeded(search))
+            terms = None
+            if any(job.terms for job, _ in taken):
+                terms = tuple([job.terms[side][k] if job.terms else [] for job, k in picked] for side in (0, 1))
+            found = translator.search_ids(sources, search, forced, reseed=seeded(search), terms=terms)
         except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
             error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
             for job, _ in taken:

@@ -315,12 +315,18 @@ class TranslateConfig(Options):
     format: str = knob("text", "jsonl: one JSON object per line with scores and n-best.", choices=("text", "jsonl"))
     prefix: bool = knob(False, "Input lines are SOURCE<TAB>TARGET-PREFIX: each translation starts with its "
                          "prefix (interactive post-editing; a line without a tab has none).")
+    constraints: bool = knob(False, "Input lines are SOURCE<TAB>PHRASE<TAB>PHRASE...: each translation holds "
+                             "every phrase, in any order (terminology; --beam 4 or more places them best).",
+                             only_if=(lambda c: not (c.prefix or c.search.sampling),
+                                      "without --prefix and --sampling"))
+    avoid: tuple[str, ...] = knob((), "A phrase that no translation may hold (repeatable).",
+                                  only_if=(lambda c: not c.search.sampling, "without --sampling"))
     score_reference: bool = knob(False, "Input lines are SOURCE<TAB>TARGET: print the log-probability of each "
                                  "target under the model instead of a translation (--format jsonl: also its score "
                                  "and each token's), to filter a corpus or rerank.", only_if=(
-                                     lambda c: not (c.prefix or c.search.sampling or c.attention
-                                                    or c.attention_plot is not None),
-                                     "without --prefix, --sampling and attention"))
+                                     lambda c: not (c.prefix or c.search.sampling or c.attention or c.constraints
+                                                    or c.avoid or c.attention_plot is not None),
+                                     "without --prefix, --sampling, constraints and attention"))
     attention: bool = knob(False, "With --format jsonl: add the encoder-decoder attention (heads averaged) "
                             "for alignment.", only_if=(lambda c: c.format == "jsonl", "with --format jsonl"))
     attention_layer: int | None = knob(None, "Decoder layer for --attention [default: the last].", min=1,

@@ -25,6 +25,7 @@ from torch import Tensor
 from nmt_cli.vocab import EOS_ID
 
 NO_TOKEN = -1  # padding of the id tensors: no token (a wildcard in `avoid`'s left padding)
+Phrases = tuple[list[list[list[int]]], list[list[list[int]]]]  # each sentence's phrases to include, to avoid
 
 
 def _padded(rows: Sequence[Sequence[int]], width: int, device: torch.device) -> Tensor:

@@ -17,6 +17,7 @@ import torch
 
 from nmt_cli import kernels
 from nmt_cli.config import SearchConfig
+from nmt_cli.constraints import Phrases, Terms
 from nmt_cli.data import pad
 from nmt_cli.device import out_of_memory
 from nmt_cli.errors import NmtError
@@ -51,10 +52,11 @@ class Generator:
         self.halved = False  # a batch was split after running out of memory (warned once)
 
     def search(self, sources: list[list[int]], config: SearchConfig, prefixes: list[list[int]] | None = None,
-               reseed: bool = False) -> list[list[Hypothesis]]:
+               reseed: bool = False, terms: Phrases | None = None) -> list[list[Hypothesis]]:
         """The hypotheses of each source (an empty source has none), each output starting with its
-        prefix when given, in the order of `sources`. Samples continue the random stream seeded
-        at construction, or with `reseed`, start one from `config.seed`."""
+        prefix when given and holding its `terms` (constraints.py), in the order of `sources`.
+        Samples continue the random stream seeded at construction, or with `reseed`, start one
+        from `config.seed`."""
         if reseed and config.seed is not None:
             self.seed = config.seed
             self.rng.manual_seed(config.seed)
@@ -66,7 +68,7 @@ class Generator:
         order = sorted((i for i, s in enumerate(sources) if s), key=widths.__getitem__)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for batch in batches(order, widths, self.max_tokens, self.batch_size):
-            run = functools.partial(self._search, sources=sources, prefixes=prefixes, config=config)
+            run = functools.partial(self._search, sources=sources, prefixes=prefixes, config=config, terms=terms)
             for i, hyps in zip(batch, self._fitting(batch, run, lambda i: f"a single sentence of {widths[i] - 1} "
                                                                           "tokens")):
                 results[i] = hyps
@@ -108,14 +110,17 @@ class Generator:
         return self._fitting(batch[:half], run, single) + self._fitting(batch[half:], run, single)
 
     def _search(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
-                config: SearchConfig) -> list[list[Hypothesis]]:
+                config: SearchConfig, terms: Phrases | None) -> list[list[Hypothesis]]:
         src = self._padded([sources[i] + [EOS_ID] for i in batch])
         forced = None
         if prefixes is not None and any(prefixes[i] for i in batch):
             forced = self._padded([prefixes[i] for i in batch], value=-1)
         if config.sampling:
             return sample(self.models, src, config, self.rng, forced)
-        return beam_search(self.models, src, config, forced)
+        held = None
+        if terms is not None and any(terms[0][i] or terms[1][i] for i in batch):
+            held = Terms([terms[0][i] for i in batch], [terms[1][i] for i in batch], self.device)
+        return beam_search(self.models, src, config, forced, held)
 
     def _score(self, batch: list[int], sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         src = self._padded([sources[i] + [EOS_ID] for i in batch])

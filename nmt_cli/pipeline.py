@@ -31,6 +31,7 @@ class TextPipeline:
         self.codes = set(bundle.language_codes)  # a multilingual model's target-language tokens
         self.uncoded = False  # a line came without one (warned once)
         self.alone = False  # an empty source came with a prefix (warned once)
+        self.unknown_phrase = False  # a constraint held a token the vocabulary lacks (warned once)
 
     @functools.cached_property
     def target_encoder(self) -> TextProcessor:
@@ -68,6 +69,22 @@ class TextPipeline:
                 self.unknown_target = True
         limit = self.max_positions - (2 if what == "prefix" else 1)
         return self._cut(ids, limit, number, f"{what} tokens", "keeping" if what == "prefix" else "scoring")
+
+    def phrase_ids(self, phrases: list[str], number: int) -> list[list[int]]:
+        """The target ids of a line's constraint phrases, segmented as in running text; a blank one
+        is none, and one that reads as <unk> is dropped (warned once, naming the line)."""
+        found = []
+        for phrase in phrases:
+            tokens = self.target_encoder.encode(phrase) if self.input_format == "raw" else phrase.split()
+            ids = self.tgt_vocab.encode(tokens)
+            if UNK_ID in ids:
+                if not self.unknown_phrase:
+                    self.warn(f"warning: line {number}: the phrase {phrase!r} has a token the model's vocabulary "
+                              "lacks: left out (warned once)")
+                    self.unknown_phrase = True
+            elif ids:
+                found.append(ids)
+        return found
 
     def prefix_alone(self, prefix: list[int], number: int) -> list[int]:
         """The output of an empty source with a prefix (its target ids): the prefix alone, nothing

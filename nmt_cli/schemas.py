@@ -46,6 +46,10 @@ TranslateRequest = create_model(
                                                         "(one per sentence; an empty one: none).")),
     attention=(bool | None, Field(None, description="Each best translation's alignment: the cross-attention "
                                                     "of the last decoder layer, heads averaged.")),
+    constraints=(list[list[str]] | None, Field(None, description="Each sentence's phrases that its translation "
+                                                                "holds, in any order (terminology; beam search).")),
+    avoid=(list[list[str]] | None, Field(None, description="Each sentence's phrases that its translation may not "
+                                                          "hold (beam search).")),
     **{name: option(name) for name in REQUEST_OPTIONS})
 
 
@@ -90,7 +94,7 @@ def problem(error: ValidationError) -> str:
     first = error.errors()[0]
     where = [str(part) for part in first["loc"]]
     if first["type"] == "extra_forbidden":
-        return (f"unknown option {where[0]!r} (known: text, source, target, prefixes, attention, "
+        return (f"unknown option {where[0]!r} (known: text, source, target, prefixes, attention, constraints, avoid, "
                 f"{', '.join(REQUEST_OPTIONS)})")
     if where[0] in ("text", "prefixes") and len(where) > 1:
         what = "sentence" if where[0] == "text" else "prefix"
@@ -121,6 +125,15 @@ def parse(body: Any, config: ServeConfig) -> Any:
         if len(request.prefixes) != len(request.text):
             raise BadRequest(400, f"{len(request.prefixes)} prefixes for {len(request.text)} sentences: one each")
         check_lines(request.prefixes, config, "prefix")
+    for name in ("constraints", "avoid"):
+        phrases = getattr(request, name)
+        if phrases is None:
+            continue
+        if len(phrases) != len(request.text):
+            raise BadRequest(400, f"{len(phrases)} lists of {name} for {len(request.text)} sentences: one each")
+        if request.sampling and any(phrases):
+            raise BadRequest(400, f"{name} apply to beam search, not with sampling")
+        check_lines([phrase for each in phrases for phrase in each], config, "phrase")
     return request
 
 

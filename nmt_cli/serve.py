@@ -114,13 +114,15 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
             raise BadRequest(400, str(e)) from None
 
     async def translations(pair: Pair, given: dict[str, Any], lines: list[str], prefixes: list[str] | None = None,
-                           attention: bool = False) -> tuple[Any, list]:
+                           attention: bool = False, constraints: list[list[str]] | None = None,
+                           avoid: list[list[str]] | None = None) -> tuple[Any, list]:
         """The search of `given` options and the translations of `lines` by the model of `pair`."""
         translator = translators[pair]
         search = search_config(given, len(lines), config, translator.config.search)
         if batcher.deadline is not None:
             raise ShuttingDown
-        return search, await asyncio.wrap_future(batcher.submit(translator, search, lines, prefixes, attention))
+        return search, await asyncio.wrap_future(batcher.submit(translator, search, lines, prefixes, attention,
+                                                                constraints, avoid))
 
     async def answer(request: Request) -> Any:
         """The answer to a /translate body: nmt-cli's, or LibreTranslate's (`q`)."""
@@ -132,7 +134,7 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
             return asked.answer(found, pair[0])
         ours = parse(body, config)
         search, found = await translations(pair_of(ours.source, ours.target), options(ours), ours.text,
-                                           ours.prefixes, bool(ours.attention))
+                                           ours.prefixes, bool(ours.attention), ours.constraints, ours.avoid)
         result: dict[str, Any] = {"translations": [hyps[0].text if hyps else "" for hyps in found]}
         if search.nbest > 1:
             result["nbest"] = [[{"text": h.text, "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)}

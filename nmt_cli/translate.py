@@ -31,13 +31,15 @@ from nmt_cli.translator import CHUNK_LINES, Translator, model_search
 
 def translate_lines(translator: Translator, lines: list[str], first_number: int = 1) -> list[str]:
     """The output lines of `lines` (text or JSON), numbered from `first_number` in warnings and
-    records; with --prefix a line is SOURCE<TAB>PREFIX."""
+    records; with --prefix a line is SOURCE<TAB>PREFIX, with --constraints SOURCE<TAB>PHRASE..."""
     config = translator.config
     if config.score_reference:
         return score_lines(translator, lines, first_number)
-    pairs = [line.partition("\t")[::2] if config.prefix else (line, "") for line in lines]
+    pairs = [line.partition("\t")[::2] if config.prefix or config.constraints else (line, "") for line in lines]
     prefixes = [prefix for _, prefix in pairs] if config.prefix else None
-    sources, found = translator.search([source for source, _ in pairs], config.search, prefixes, first_number)
+    constraints = [rest.split("\t") if rest else [] for _, rest in pairs] if config.constraints else None
+    sources, found = translator.search([source for source, _ in pairs], config.search, prefixes, first_number,
+                                       constraints=constraints, avoid=[list(config.avoid)] * len(lines))
     outputs = []
     for k, hyps in enumerate(found):
         number = first_number + k

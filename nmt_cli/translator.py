@@ -19,6 +19,7 @@ import torch
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.constraints import Phrases
 from nmt_cli.device import select
 from nmt_cli.errors import NmtError
 from nmt_cli.generator import Generator
@@ -26,7 +27,7 @@ from nmt_cli.lines import chunks
 from nmt_cli.options import check_applies
 from nmt_cli.pipeline import TextPipeline
 from nmt_cli.records import Scored, Translation, attention_record
-from nmt_cli.search import Hypothesis, length_penalty
+from nmt_cli.search import Hypothesis, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
 CHUNK_LINES = 4096  # lines searched together: sorted by length, then batched by tokens
@@ -59,6 +60,7 @@ class Translator:
                                    warn=self.warn)
         self.pipeline = TextPipeline(first, self.generator.models.max_positions, config.input_format,
                                      config.output_format, self.warn)
+        self.unfitting = False  # a line's constraints did not fit its length limit (warned once)
 
     @classmethod
     def load(cls, *paths: str | Path, warn: Callable[[str], None] | None = None, **options: Any) -> Translator:
@@ -92,15 +94,22 @@ class Translator:
             raise NmtError(str(e)) from None
         return config
 
-    def translate(self, lines: list[str], prefixes: list[str] | None = None, **search: Any) -> list[str]:
+    def translate(self, lines: list[str], prefixes: list[str] | None = None,
+                  constraints: list[list[str]] | None = None, avoid: list[list[str]] | None = None,
+                  **search: Any) -> list[str]:
         """The best translation of each line (an empty line: an empty one), each starting with its
-        prefix when given; `search`: beam, lenpen, max_len_a, sampling, seed, ... for this call."""
-        return [nbest[0].text if nbest else "" for nbest in self.hypotheses(lines, prefixes, **search)]
+        prefix when given, holding each of its `constraints` (phrases, in any order) and none of
+        the phrases it should `avoid`; `search`: beam, lenpen, max_len_a, sampling, seed, ... for
+        this call."""
+        return [nbest[0].text if nbest else ""
+                for nbest in self.hypotheses(lines, prefixes, constraints, avoid, **search)]
 
     def hypotheses(self, lines: list[str], prefixes: list[str] | None = None,
+                   constraints: list[list[str]] | None = None, avoid: list[list[str]] | None = None,
                    **search: Any) -> list[list[Translation]]:
         """Each line's `nbest` translations (or samples), best first, with their scores."""
-        _, found = self.search(lines, self.search_config(**search), prefixes, reseed="seed" in search)
+        _, found = self.search(lines, self.search_config(**search), prefixes, reseed="seed" in search,
+                               constraints=constraints, avoid=avoid)
         return [[self.translation(h) for h in hyps] for hyps in found]
 
     def translate_iter(self, lines: Iterable[str], chunk_lines: int = CHUNK_LINES, **search: Any) -> Iterator[str]:
@@ -126,16 +135,38 @@ class Translator:
                 for ids, scores in zip(target_ids, self.generator.score(source_ids, target_ids))]
 
     def search(self, lines: list[str], config: SearchConfig, prefixes: list[str] | None = None,
-               first_number: int = 1, reseed: bool = False) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+               first_number: int = 1, reseed: bool = False, constraints: list[list[str]] | None = None,
+               avoid: list[list[str]] | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """The source ids of `lines` and their hypotheses; lines are numbered from `first_number`
         in warnings. Samples continue the translator's random stream, or with `reseed`, start one
         from `config.seed` (a seed given for one call repeats its samples)."""
-        if prefixes is not None and len(prefixes) != len(lines):
-            raise ValueError(f"{len(lines)} lines but {len(prefixes)} prefixes")
+        for name, given in (("prefixes", prefixes), ("constraints", constraints), ("avoid", avoid)):
+            if given is not None and len(given) != len(lines):
+                raise ValueError(f"{len(lines)} lines but {len(given)} {name}")
         sources = [self.source_ids(line, first_number + k) for k, line in enumerate(lines)]
         forced = None if prefixes is None else [self.prefix_ids(prefix, first_number + k)
                                                 for k, prefix in enumerate(prefixes)]
-        return sources, self.search_ids(sources, config, forced, reseed, first_number)
+        terms = self.phrases(sources, config, constraints, avoid, first_number)
+        return sources, self.search_ids(sources, config, forced, reseed, first_number, terms)
+
+    def phrases(self, sources: list[list[int]], config: SearchConfig, constraints: list[list[str]] | None,
+                avoid: list[list[str]] | None, first_number: int = 1) -> Phrases | None:
+        """The target ids of each line's phrases to include and to avoid (None: none given); a
+        line whose phrases cannot fit its output's length limit is warned once."""
+        if not any(constraints or []) and not any(avoid or []):
+            return None
+        if config.sampling:
+            raise NmtError("constraints apply to beam search, not with --sampling")
+        number = range(first_number, first_number + len(sources))
+        include = [self.pipeline.phrase_ids(p, n) for p, n in zip(constraints or [[]] * len(sources), number)]
+        limits = max_lengths(torch.tensor([len(s) for s in sources]), config,
+                             self.generator.models.max_positions).tolist()
+        for ids, limit, n in zip(include, limits, number):
+            if sum(map(len, ids)) > limit and not self.unfitting:
+                self.warn(f"warning: line {n}: its constraints ({sum(map(len, ids))} tokens) do not fit its output's "
+                          f"length limit ({limit}): it is translated without some (warned once)")
+                self.unfitting = True
+        return include, [self.pipeline.phrase_ids(p, n) for p, n in zip(avoid or [[]] * len(sources), number)]
 
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         """The token ids of a source line (`number`: its number in warnings)."""
@@ -146,10 +177,11 @@ class Translator:
         return self.pipeline.target_ids(prefix, number)
 
     def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
-                   reseed: bool = False, first_number: int = 1) -> list[list[Hypothesis]]:
+                   reseed: bool = False, first_number: int = 1, terms: Phrases | None = None) -> list[list[Hypothesis]]:
         """The hypotheses of sources given as token ids (`source_ids`), each starting with its
-        prefix's ids when `forced` (`prefix_ids`); an empty source with a prefix: the prefix alone."""
-        found = self.generator.search(sources, config, forced, reseed)
+        prefix's ids when `forced` (`prefix_ids`) and holding its `terms` (`phrases`); an empty
+        source with a prefix: the prefix alone."""
+        found = self.generator.search(sources, config, forced, reseed, terms)
         for k, (source, prefix) in enumerate(zip(sources, forced or [])):
             if not source and prefix:
                 found[k] = [Hypothesis(self.pipeline.prefix_alone(prefix, first_number + k), 0.0, 0.0)]

@@ -34,8 +34,12 @@ class Recorder:
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         return [int(word) for word in line.split()]
 
+    def phrases(self, sources, config, constraints, avoid):
+        return None if constraints is None and avoid is None else (constraints or [[]] * len(sources),
+                                                                    avoid or [[]] * len(sources))
+
     def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
-                   reseed: bool = False) -> list[list[Hypothesis]]:
+                   reseed: bool = False, terms=None) -> list[list[Hypothesis]]:
         self.searches.append([" ".join(map(str, ids)) for ids in sources])
         self.started.set()
         if self.gate is not None:

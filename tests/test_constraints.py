@@ -91,3 +91,64 @@ def test_a_constraint_that_does_not_fit_the_length_limit_still_gives_an_output()
     terms = Terms([[[5, 6, 7, 8]]], [[]], CPU)
     (hyps,) = beam_search(Ensemble([model]), sources([[4, 5]], 12), config, terms=terms)
     assert hyps and len(hyps[0].tokens) <= 2
+
+
+def test_terms_from_the_api_the_command_line_and_the_server(tmp_path):
+    """Phrases as raw text, segmented as in running text, per line; lines with and without
+    phrases batched together give what each gives alone (the fairseq bug class)."""
+    import signal
+
+    from click.testing import CliRunner
+    from conftest import request, serving, tiny_checkpoint
+
+    from nmt_cli.cli import main
+    from nmt_cli.translator import Translator
+
+    model = tiny_checkpoint(tmp_path / "m.pt", seed=6)
+    lines = ["a b c", "d e", "f g h i", "j", "k l m"]
+    include = [["p o", "c"], [], ["o"], ["n m", "l"], []]
+    avoid = [[], ["a"], [], [], ["b c"]]
+    translator = Translator.load(model, device="cpu", beam=4, max_len_b=10)
+    found = translator.translate(lines, constraints=include, avoid=avoid)
+    for output, phrases, banned in zip(found, include, avoid):
+        assert all(contains(output.split(), p.split()) for p in phrases), (output, phrases)
+        assert not any(contains(output.split(), p.split()) for p in banned), (output, banned)
+    alone = [translator.translate([line], constraints=[p], avoid=[a])[0] for line, p, a in zip(lines, include, avoid)]
+    assert alone == found
+    tsv = "".join("\t".join([line, *phrases]) + "\n" for line, phrases in zip(lines, include))
+    flags = ["--constraints", "--beam", "4", "--max-len-b", "10", "--device", "cpu", "--avoid", "b c"]
+    result = CliRunner().invoke(main, ["translate", "-m", str(model), *flags], input=tsv)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == translator.translate(lines, constraints=include, avoid=[["b c"]] * 5)
+    for flags, message in ((["--constraints", "--prefix"], "--constraints applies only without --prefix"),
+                           (["--avoid", "x", "--sampling"], "--avoid applies only without --sampling")):
+        refused = CliRunner().invoke(main, ["translate", "-m", str(model), *flags], input="a\n")
+        assert refused.exit_code == 2 and message in refused.output
+    _, url, process = serving(tmp_path, model=model)
+    try:
+        status, answer = request(url + "/translate", {"text": lines, "constraints": include, "avoid": avoid,
+                                                      "beam": 4, "max_len_b": 10})
+        assert status == 200 and answer["translations"] == found
+        status, answer = request(url + "/translate", {"text": lines, "constraints": include[:2]})
+        assert status == 400 and "2 lists of constraints for 5 sentences" in answer["error"]
+        status, answer = request(url + "/translate", {"text": lines, "avoid": avoid, "sampling": True})
+        assert status == 400 and "avoid apply to beam search" in answer["error"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+
+
+def test_a_phrase_the_vocabulary_lacks_or_too_long_a_line_of_them_is_warned_once(tmp_path):
+    from conftest import tiny_checkpoint
+
+    from nmt_cli.translator import Translator
+
+    warnings = []
+    translator = Translator.load(tiny_checkpoint(tmp_path / "m.pt"), device="cpu", max_len_a=0.0, max_len_b=3,
+                                 warn=warnings.append)
+    found = translator.translate(["a b", "c", "d"], constraints=[["zz9"], ["a b c d e"], ["zz8", "e f g h"]])
+    assert len(found) == 3
+    assert warnings == ["warning: line 1: the phrase 'zz9' has a token the model's vocabulary lacks: left out "
+                        "(warned once)",
+                        "warning: line 2: its constraints (5 tokens) do not fit its output's length limit (3): it is "
+                        "translated without some (warned once)"]
