@@ -1,17 +1,19 @@
 """Terminology: lexically constrained beam search. Each sentence may carry phrases its output must
-contain, in any order (positive constraints), and phrases it must not (`avoid`), as target ids.
+hold, in any order (positive constraints), and phrases it must not (`avoid`), as target ids.
 
 Positive constraints follow dynamic beam allocation (Post & Vilar, 2018), vectorized as Hu et al.
-(2019) do, inside the batched beam search: a hypothesis's progress is tensors (`met`: which of its
-sentence's constraint tokens it has produced; `pos`: the next token of a phrase it has begun, or
--1), so sentences with different constraints search together and a step reads nothing back to
-the host. Each step a row's candidates are its top-k tokens and the tokens that would advance its
-constraints (`Terms.rules`); a candidate's bank is how many constraint tokens it has met, and the
-beam is shared among the banks: the best of each bank first, from the fullest bank down, then the
-second best of each, and so on (`Terms.choose`). A hypothesis cannot end (</s> is banned) before
-it has met every constraint; at the length limit it ends anyway. A phrase begun and then left
-counts as not met. A phrase to avoid has its last token banned wherever the output so far ends
-with the rest of it (a one-token phrase: everywhere).
+(2019) do, inside the batched beam search: a hypothesis's progress is tensors (`done`: the phrases
+it holds; `ends`: which beginnings of each phrase its output ends with, so phrases that begin
+alike are followed together), so sentences with different constraints search together and a step
+reads nothing back to the host. A phrase begins only where a word does (not after BPE's @@), as
+in running text. Each step a row's candidates are its top-k tokens and the tokens that would
+advance its phrases (`Terms.rules`); a candidate's bank counts the tokens of the phrases it holds
+and of the longest one it has begun. The beam takes the best half of the candidates by score
+(so the unconstrained search's path stays), then the rest by bank: the best of each bank first,
+from the fullest bank down, then the second best of each, and so on (`Terms.choose`). A
+hypothesis cannot end (</s> is banned) before it holds every phrase; at the length limit it ends
+anyway, and ranks after those that hold them (search.Finished). A phrase to avoid has its last
+token banned wherever the output so far ends with the rest of it (a one-token phrase: everywhere).
 """
 
 from __future__ import annotations
@@ -39,30 +41,31 @@ class Terms:
     """The constraints of a batch of sentences and the progress of each decoder row on them."""
 
     def __init__(self, include: Sequence[Sequence[Sequence[int]]], avoid: Sequence[Sequence[Sequence[int]]],
-                 device: torch.device) -> None:
-        """`include[s]`, `avoid[s]`: sentence s's phrases (lists of target ids) to produce, to avoid."""
-        flat = [[t for phrase in phrases for t in phrase] for phrases in include]
-        width = max(map(len, flat), default=0)
-        self.tokens = _padded(flat, width, device)  # (sentences, T): the phrases back to back
-        self.phrase = _padded([[j for j, phrase in enumerate(phrases) for _ in phrase] for phrases in include],
-                              width, device)
-        self.last = _padded([[int(i == len(phrase) - 1) for phrase in phrases for i in range(len(phrase))]
-                             for phrases in include], width, device) == 1
-        self.first = _padded([[int(i == 0) for phrase in phrases for i in range(len(phrase))]
-                              for phrases in include], width, device) == 1
-        self.needed = (self.tokens != NO_TOKEN).sum(1)  # (sentences,)
-        self.allocates = width > 0  # a phrase to produce: the beam is allocated by bank, else by score alone
+                 device: torch.device, joining: Tensor | None = None) -> None:
+        """`include[s]`, `avoid[s]`: sentence s's phrases (lists of target ids) to produce, to avoid;
+        `joining`: which target ids go on into the next token's word (BPE's @@): a phrase begins
+        only where a word does, as in running text."""
+        self.joining = joining
+        most, longest = max(map(len, include), default=0), max((len(p) for ps in include for p in ps), default=0)
+        self.words = torch.stack([_padded(list(phrases) + [[]] * (most - len(phrases)), longest, device)
+                                  for phrases in include]) if most else torch.empty(len(include), 0, 1,
+                                                                                    dtype=torch.long, device=device)
+        self.length = (self.words != NO_TOKEN).sum(2)  # (sentences, P)
+        self.needed = self.length.sum(1)  # (sentences,): constraint tokens in all
+        self.allocates = most > 0  # a phrase to produce: the beam is allocated by bank, else by score alone
         longest = max((len(p) for phrases in avoid for p in phrases), default=0)
         self.avoid = torch.stack([_padded([[NO_TOKEN] * (longest - len(p)) + list(p) for p in phrases], longest,
                                           device) for phrases in _same_count(avoid)]) if longest else None
-        self.met = torch.zeros(0, self.tokens.size(1), dtype=torch.bool, device=device)  # (rows, T)
-        self.pos = torch.zeros(0, dtype=torch.long, device=device)  # (rows,)
+        # per row: which phrases it holds (rows, P), and which of their beginnings its output ends
+        # with (rows, P, L: [..., i] the first i + 1 tokens)
+        self.done = torch.zeros(0, most, dtype=torch.bool, device=device)
+        self.ends = torch.zeros(0, most, self.words.size(2), dtype=torch.bool, device=device)
         self.candidates: tuple[Tensor, Tensor] | None = None
 
     def start(self, sentences: int, width: int) -> None:
-        """Rows of a search's first step: `width` per sentence, none begun."""
-        self.met = torch.zeros(sentences * width, self.tokens.size(1), dtype=torch.bool, device=self.tokens.device)
-        self.pos = torch.full((sentences * width,), NO_TOKEN, dtype=torch.long, device=self.tokens.device)
+        """Rows of a search's first step: `width` per sentence, nothing produced."""
+        self.done = self.done.new_zeros(sentences * width, self.words.size(1))
+        self.ends = self.ends.new_zeros(sentences * width, *self.words.shape[1:])
 
     def rules(self, history: Tensor, sentences: Tensor) -> tuple[Tensor, Tensor]:
         """For each row (its `history`, BOS first; `sentences`: the batch's sentence ids of the
@@ -74,73 +77,84 @@ class Terms:
         none = torch.empty(rows, 0, dtype=torch.long, device=history.device)
         if not self.allocates:
             return torch.cat([none, *banned], 1), none
-        incomplete = self.met.sum(1) < self.needed[sentence]
+        words, length = self.words[sentence], self.length[sentence]
+        incomplete = (~self.done & (length > 0)).any(1)
         banned.append(torch.where(incomplete, EOS_ID, NO_TOKEN).unsqueeze(1))
-        tokens = self.tokens[sentence]
-        begun = self.pos >= 0
-        following = tokens.gather(1, self.pos.clamp(min=0).unsqueeze(1))
-        startable = self.first[sentence] & ~self.met & (tokens != NO_TOKEN)
-        wanted = torch.where(begun.unsqueeze(1), torch.cat([following, torch.full_like(tokens[:, 1:], NO_TOKEN)], 1),
-                             tokens.masked_fill(~startable, NO_TOKEN))
-        return torch.cat(banned, 1), wanted
+        begun = self._progress(self.ends)  # (rows, P): the longest beginning of each phrase the output ends with
+        wanted = words.gather(2, begun.clamp(max=words.size(2) - 1).unsqueeze(2)).squeeze(2)
+        may = ~self.done & (begun < length) & ((begun > 0) | self._word_starts(history[:, -1:]))
+        return torch.cat(banned, 1), wanted.masked_fill(~may, NO_TOKEN)
 
-    def choose(self, candidates: Tensor, tokens: Tensor, sentences: Tensor, count: int) -> tuple[Tensor, Tensor]:
-        """The `count` candidates (n, width * per_row scores `candidates`, ids `tokens`) that each
-        sentence's beam takes, in the order of dynamic beam allocation: their scores and indices."""
+    def choose(self, candidates: Tensor, tokens: Tensor, sentences: Tensor, count: int, last: Tensor,
+               keep: int) -> tuple[Tensor, Tensor]:
+        """The `count` candidates (n, width * per_row scores `candidates`, ids `tokens`; `last`:
+        each row's last token) that each sentence's beam takes, in order: the `keep` best by score,
+        then the others in the order of dynamic beam allocation: their scores and indices."""
         n, total = candidates.shape
-        width = self.met.size(0) // n
+        width = self.done.size(0) // n
         parent = torch.arange(total, device=tokens.device) // (total // width)
-        met = self.met.view(n, width, -1)[:, parent]  # (n, total, T)
-        pos = self.pos.view(n, width)[:, parent]
-        met, pos = self._advance(met, pos, tokens, sentences)
-        self.candidates = (met, pos)
-        bank = met.sum(-1)  # (n, total)
-        banks = self.tokens.size(1) + 1
+        done = self.done.view(n, width, -1)[:, parent]  # (n, total, P)
+        ends = self.ends.view(n, width, *self.ends.shape[1:])[:, parent]  # (n, total, P, L)
+        done, ends = self._advance(done, ends, tokens, sentences, self._word_starts(last.view(n, width)[:, parent]))
+        self.candidates = (done, ends)
+        length = self.length[sentences].unsqueeze(1)
+        bank = self.produced(done, ends, length)
+        banks = int(self.words.size(1) * self.words.size(2)) + 1
         order = candidates.argsort(dim=1, descending=True, stable=True)
         in_bank = torch.nn.functional.one_hot(bank.gather(1, order), banks)
         rank = torch.empty_like(order).scatter_(1, order, ((in_bank.cumsum(1) * in_bank).sum(-1) - 1))
         priority = (rank * banks + (banks - 1 - bank)).masked_fill(candidates == -math.inf, n * total * banks)
+        # the best `keep` by score first, whatever their banks: the path of the unconstrained search
+        # stays in the beam, so that an output that holds its phrases anyway is not lost
+        best = torch.empty_like(order).scatter_(1, order, torch.arange(total, device=order.device).expand_as(order))
+        priority = torch.where(best < keep, best - keep, priority)
         top = priority.topk(count, dim=1, largest=False).indices
         return candidates.gather(1, top), top
 
     def short(self, chosen: Tensor, sentences: Tensor) -> Tensor:
-        """Whether each of the `chosen` candidates (n, c) of the last `choose` lacks a constraint."""
-        met, _ = self.candidates
+        """Whether each of the `chosen` candidates (n, c) of the last `choose` lacks a phrase."""
+        done, _ = self.candidates
         rows = torch.arange(chosen.size(0), device=chosen.device).unsqueeze(1)
-        return met[rows, chosen].sum(-1) < self.needed[sentences].unsqueeze(1)
+        return (~done[rows, chosen] & (self.length[sentences].unsqueeze(1) > 0)).any(-1)
 
     def advance(self, chosen: Tensor) -> None:
         """The rows become the `chosen` candidates (n, beam) of the last `choose`."""
-        met, pos = self.candidates
-        n = chosen.size(0)
-        rows = torch.arange(n, device=chosen.device).unsqueeze(1)
-        self.met, self.pos = met[rows, chosen].flatten(0, 1), pos[rows, chosen].flatten()
+        done, ends = self.candidates
+        rows = torch.arange(chosen.size(0), device=chosen.device).unsqueeze(1)
+        self.done, self.ends = done[rows, chosen].flatten(0, 1), ends[rows, chosen].flatten(0, 1)
 
     def keep(self, index: Tensor, width: int) -> None:
         """Keep the rows (`width` per sentence) of the sentences at `index` (those still searching)."""
-        self.met = self.met.view(-1, width, self.met.size(1))[index].flatten(0, 1)
-        self.pos = self.pos.view(-1, width)[index].flatten()
+        self.done = self.done.view(-1, width, self.done.size(1))[index].flatten(0, 1)
+        self.ends = self.ends.view(-1, width, *self.ends.shape[1:])[index].flatten(0, 1)
 
-    def _advance(self, met: Tensor, pos: Tensor, tokens: Tensor, sentences: Tensor) -> tuple[Tensor, Tensor]:
-        """The progress (met (n, c, T), pos (n, c)) after each candidate's token (n, c)."""
-        ids = self.tokens[sentences].unsqueeze(1)  # (n, 1, T)
-        phrase, first, last = (x[sentences].unsqueeze(1) for x in (self.phrase, self.first, self.last))
-        begun = pos >= 0
-        at = pos.clamp(min=0).unsqueeze(2)
-        continues = begun & (ids.expand_as(met).gather(2, at).squeeze(2) == tokens)
-        # a phrase begun and left: its tokens are not met
-        left = begun & ~continues
-        current = phrase.expand_as(met).gather(2, at)
-        met = met & ~(left.unsqueeze(2) & (phrase == current))
-        # a token that begins a phrase not met (when none is under way): the first such phrase
-        starts = ~(begun & continues).unsqueeze(2) & first & ~met & (ids == tokens.unsqueeze(2))
-        has_start = starts.any(2)
-        where = torch.where(continues, pos, starts.int().argmax(2))
-        step = continues | has_start
-        met = met | (step.unsqueeze(2) & (torch.arange(met.size(2), device=met.device) == where.unsqueeze(2)))
-        ends = last.expand_as(met).gather(2, where.clamp(min=0).unsqueeze(2)).squeeze(2)
-        pos = torch.where(step & ~ends, where + 1, NO_TOKEN)
-        return met, pos
+    @classmethod
+    def produced(cls, done: Tensor, ends: Tensor, length: Tensor) -> Tensor:
+        """A hypothesis's bank: the tokens of the phrases it holds, and of the longest beginning of
+        one it does not that it ends with (phrases that begin alike count once)."""
+        return (done * length).sum(-1) + cls._progress(ends).masked_fill(done, 0).amax(-1)
+
+    def _word_starts(self, last: Tensor) -> Tensor:
+        """Whether a token after `last` begins a word (`last` with a trailing dimension of 1)."""
+        return torch.ones_like(last, dtype=torch.bool) if self.joining is None else ~self.joining[last]
+
+    @staticmethod
+    def _progress(ends: Tensor) -> Tensor:
+        """The length of the longest beginning of each phrase that the output ends with (..., P)."""
+        lengths = torch.arange(1, ends.size(-1) + 1, device=ends.device)
+        return (ends * lengths).amax(-1)
+
+    def _advance(self, done: Tensor, ends: Tensor, tokens: Tensor, sentences: Tensor,
+                 word_starts: Tensor) -> tuple[Tensor, Tensor]:
+        """The progress (done (n, c, P), ends (n, c, P, L)) after each candidate's token (n, c),
+        which begins a word where `word_starts` (n, c): a phrase's beginning of i + 1 tokens is
+        where its first i were and the token is its next (the first one: where a word begins)."""
+        words = self.words[sentences].unsqueeze(1)  # (n, 1, P, L)
+        before = torch.cat([word_starts[..., None, None].expand(*ends.shape[:-1], 1), ends[..., :-1]], -1)
+        ends = before & (words == tokens[..., None, None])
+        whole = ends.gather(-1, (self.length[sentences] - 1).clamp(min=0)[:, None, :, None].expand(
+            *ends.shape[:-1], 1)).squeeze(-1)
+        return done | (whole & (self.length[sentences].unsqueeze(1) > 0)), ends
 
 
 def _same_count(avoid: Sequence[Sequence[Sequence[int]]]) -> list[list[Sequence[int]]]:

@@ -30,13 +30,14 @@ from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 class Generator:
     """`models` (moved to `device` in `dtype`, int8 with `quantize`) searching batches of at most
     `max_tokens` source tokens and `batch_size` sentences; `never` are target ids no search
-    outputs (vocabulary fillers); with `graphs`, beam search replays CUDA graphs; `seed` seeds
-    sampling (None: a random seed, said through `warn` when the first sample is drawn)."""
+    outputs (vocabulary fillers); `joining` are those that go on into the next token's word (BPE's
+    @@: a constraint begins where a word does); with `graphs`, beam search replays CUDA graphs;
+    `seed` seeds sampling (None: a random seed, said through `warn` when the first sample is drawn)."""
 
     def __init__(self, models: Sequence[Transformer], device: torch.device, dtype: torch.dtype = torch.float32, *,
-                 max_tokens: int, batch_size: int | None = None, never: Sequence[int] = (), graphs: bool = False,
-                 quantize: str | None = None, seed: int | None = None,
-                 warn: Callable[[str], None] = print) -> None:
+                 max_tokens: int, batch_size: int | None = None, never: Sequence[int] = (),
+                 joining: Sequence[int] = (), graphs: bool = False, quantize: str | None = None,
+                 seed: int | None = None, warn: Callable[[str], None] = print) -> None:
         if graphs and device.type != "cuda":
             raise NmtError(f"--cuda-graphs needs a CUDA device, not {device.type}")
         models = [kernels.use_fast_paths(model.to(device=device, dtype=dtype)) for model in models]
@@ -45,6 +46,8 @@ class Generator:
                 quantize_int8(model, device, dtype)
         self.device, self.max_tokens, self.batch_size, self.warn = device, max_tokens, batch_size, warn
         self.models = Ensemble(models, graphs=graphs, never=never)
+        self.joining = torch.zeros(self.models.vocab_size, dtype=torch.bool, device=device)
+        self.joining[list(joining)] = True
         self.rng = torch.Generator(device)
         self.seed = seed
         if seed is not None:
@@ -119,7 +122,7 @@ class Generator:
             return sample(self.models, src, config, self.rng, forced)
         held = None
         if terms is not None and any(terms[0][i] or terms[1][i] for i in batch):
-            held = Terms([terms[0][i] for i in batch], [terms[1][i] for i in batch], self.device)
+            held = Terms([terms[0][i] for i in batch], [terms[1][i] for i in batch], self.device, self.joining)
         return beam_search(self.models, src, config, forced, held)
 
     def _score(self, batch: list[int], sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:

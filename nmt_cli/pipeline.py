@@ -9,11 +9,19 @@ import functools
 from collections.abc import Callable
 
 from nmt_cli.checkpoint import ModelBundle
-from nmt_cli.text import TextProcessor
+from nmt_cli.text import BPE_SEPARATOR, TextProcessor
 from nmt_cli.vocab import EOS_ID, UNK, UNK_ID
 
 INPUT_FORMATS = ("raw", "bpe")
 OUTPUT_FORMATS = ("text", "tokens", "bpe")
+
+
+def joining_ids(bundle: ModelBundle) -> list[int]:
+    """The target ids that go on into the next token's word: BPE's `@@` tokens (SentencePiece
+    marks where a word begins on its first piece instead)."""
+    if bundle.pieces("target") is not None:
+        return []
+    return [i for i, token in enumerate(bundle.tgt_vocab.tokens) if token.endswith(BPE_SEPARATOR)]
 
 
 class TextPipeline:

@@ -301,7 +301,8 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
     candidates = (beams.scores.unsqueeze(2) + token_lprobs.view(n, width, per_row)).view(n, -1)
     count = min(2 * beam, width * per_row)
     if terms is not None and terms.allocates:
-        top_scores, top = terms.choose(candidates, tokens.view(n, -1), beams.sentences, count)
+        top_scores, top = terms.choose(candidates, tokens.view(n, -1), beams.sentences, count, beams.history[:, -1],
+                                       beam // 2)
     else:
         top_scores, top = candidates.topk(count, dim=1)
     return top_scores, top // per_row, tokens.view(n, -1).gather(1, top), top

@@ -25,7 +25,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.generator import Generator
 from nmt_cli.lines import chunks
 from nmt_cli.options import check_applies
-from nmt_cli.pipeline import TextPipeline
+from nmt_cli.pipeline import TextPipeline, joining_ids
 from nmt_cli.records import Scored, Translation, attention_record
 from nmt_cli.search import Hypothesis, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID
@@ -55,7 +55,7 @@ class Translator:
         self.config, self.device, self.bundle = config, device, first
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
         self.generator = Generator([b.model for b in bundles], device, dtype, max_tokens=config.max_tokens,
-                                   batch_size=config.batch_size, never=first.never,
+                                   batch_size=config.batch_size, never=first.never, joining=joining_ids(first),
                                    graphs=config.cuda_graphs, quantize=config.quantize, seed=config.search.seed,
                                    warn=self.warn)
         self.pipeline = TextPipeline(first, self.generator.models.max_positions, config.input_format,
