@@ -191,3 +191,16 @@ def test_reference_terms_on_a_thousand_lines(exported):
     # not all: the beam's slots shared among banks can lose the unconstrained path (about 4% of these
     # lines on this model, half of them for an output the model scores higher)
     assert len(held) > 500 and sum(found[n] != plain[n] for n in held) <= 0.06 * len(held)
+
+
+def test_terms_with_a_prefix_and_refused_with_sampling(tmp_path):
+    from conftest import tiny_checkpoint
+
+    from nmt_cli.errors import NmtError
+    from nmt_cli.translator import Translator
+
+    translator = Translator.load(tiny_checkpoint(tmp_path / "m.pt", seed=7), device="cpu", max_len_b=8)
+    (output,) = translator.translate(["a b c"], prefixes=["d e"], constraints=[["f g"]], avoid=[["h"]])
+    assert output.split()[:2] == ["d", "e"] and contains(output.split(), ["f", "g"]) and "h" not in output.split()
+    with pytest.raises(NmtError, match="constraints apply to beam search, not with --sampling"):
+        translator.translate(["a b c"], constraints=[["f"]], sampling=True)
