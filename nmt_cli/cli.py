@@ -336,15 +336,11 @@ def serve(models: tuple[str, ...], **options: Any) -> None:
     """Serve translations over HTTP (the serve extra).
 
     nmt-cli's API and LibreTranslate's, a page at /; requests that arrive together share a search."""
-    from nmt_cli.device import select
-
     try:
         from nmt_cli.serve import serve as run_server
     except ImportError as e:
         raise NmtError(f"nmt serve needs its extra ({e.name} is missing): pip install 'nmt-cli[serve]'") from None
-    config = build(ServeConfig, **options)
-    device, dtype = select(config.device, config.precision, config.threads)
-    run_server(list(models), config, device, dtype)
+    run_server(list(models), build(ServeConfig, **options))
 
 
 @main.group()

@@ -1,39 +1,46 @@
-"""Where and in what precision to run: one choice, shared by training and translation."""
+"""Where and in what precision to run (one choice, shared by training and translation), and the
+process settings the commands run with (`tune`)."""
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
 from nmt_cli.errors import NmtError
-from nmt_cli.kernels import keep_freed_memory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def select(device: str, precision: str, threads: int | None = None, index: int = 0) -> tuple[torch.device, torch.dtype]:
+def select(device: str, precision: str, index: int = 0) -> tuple[torch.device, torch.dtype]:
     """`device` auto|cpu|cuda and `precision` auto|fp32|bf16|fp16 -> (torch device, compute dtype).
 
     auto precision is bf16 on a CUDA GPU that supports it, else fp32; bf16 runs on the CPU too
     (fast where the CPU multiplies bf16 itself: AVX512-BF16 or AMX), fp16 needs CUDA.
-    `index` is the CUDA device (torchrun's LOCAL_RANK). On the CPU, freed memory is kept for
-    reuse (`keep_freed_memory`).
+    `index` is the CUDA device (torchrun's LOCAL_RANK). Changes nothing in the process: `tune` does.
     """
-    if threads:
-        torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)  # tiny Adam moments as denormals make CPU arithmetic far slower
     cuda = uses_cuda(device)
     if precision == "auto":
         precision = "bf16" if cuda and native_bf16(device) else "fp32"
     if precision == "fp16" and not cuda:
         raise NmtError("--precision fp16 needs a CUDA device; use fp32 or bf16 on CPU")
-    if cuda:
-        # cuDNN's attention, which SDPA prefers on Hopper when there is a padding mask, builds an
-        # execution plan for every new (batch, length) shape, on the host: with length-bucketed
-        # batches that is every batch. Flash and memory-efficient attention need no plan.
+    return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
+
+
+def tune(device: torch.device, threads: int | None = None) -> None:
+    """The process settings the commands run with, for the rest of the process: `threads` for
+    PyTorch's CPU work; denormals flushed (tiny Adam moments as denormals make CPU arithmetic far
+    slower); on a GPU, cuDNN's attention off (SDPA prefers it on Hopper with a padding mask, and it
+    builds an execution plan on the host for every new batch shape: with length-bucketed batches,
+    every batch; flash and memory-efficient attention need none); on the CPU, freed memory kept
+    for reuse (`keep_freed_memory`). The Python API's Translator sets threads only when asked."""
+    if threads:
+        torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
     else:
         keep_freed_memory()
-    return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
 
 
 def uses_cuda(device: str) -> bool:
@@ -57,3 +64,20 @@ def out_of_memory(error: BaseException) -> bool:
     RuntimeError of PyTorch's CPU allocator."""
     return isinstance(error, torch.cuda.OutOfMemoryError) or (
         isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse rather than return it to the system:
+    every block comes from the heap (no fresh mapping per large tensor), and the heap is not
+    trimmed. A fresh mapping costs a page fault per 4 KB at first touch, which for the large
+    tensors of every training step and search step costs more than filling them (measured by
+    tests/benchmarks/train_speed.py and decode_speed.py). The process keeps its peak memory until
+    it exits. False (nothing changed) without glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
+    settings = ((m_mmap_max, 0), (m_trim_threshold, 1 << 30), (m_top_pad, 256 << 20))
+    return all(mallopt(option, value) == 1 for option, value in settings)

@@ -13,14 +13,12 @@ the paper never needs this file, nor graphs.py (the search's decoder as CUDA gra
 - `top_k`: top-k through chunk maxima on the CPU.
 - `steps_between_reads`: how often a search or training reads its state back to the host.
 - `quantize_int8`: dynamic int8 linear layers for CPU inference.
-- `keep_freed_memory`: glibc's malloc keeps freed memory (CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import ctypes
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -277,20 +275,3 @@ def quantize_int8(model: Transformer) -> None:
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed memory for reuse rather than return it to the system:
-    every block comes from the heap (no fresh mapping per large tensor), and the heap is not
-    trimmed. A fresh mapping costs a page fault per 4 KB at first touch, which for the large
-    tensors of every training step and search step costs more than filling them (measured by
-    tests/benchmarks/train_speed.py and decode_speed.py). The process keeps its peak memory until
-    it exits. False (nothing changed) without glibc.
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
-    settings = ((m_mmap_max, 0), (m_trim_threshold, 1 << 30), (m_top_pad, 256 << 20))
-    return all(mallopt(option, value) == 1 for option, value in settings)

@@ -250,9 +250,11 @@ class Finished:
             x.cpu() for x in (self.count, self.score, self.log_prob, self.length, self.tokens, self.short))
         out = []
         for s, n in enumerate(count.tolist()):
-            ranked = sorted(range(n), key=lambda i: (bool(short[s, i]), -float(score[s, i])))
-            out.append([Hypothesis(tokens[s, i, : int(length[s, i])].tolist(), float(score[s, i]),
-                                   float(log_prob[s, i])) for i in ranked[:nbest]])
+            found = list(zip(length[s, :n].tolist(), score[s, :n].tolist(), log_prob[s, :n].tolist(),
+                             short[s, :n].tolist()))
+            ranked = sorted(range(len(found)), key=lambda i: (found[i][3], -found[i][1]))
+            out.append([Hypothesis(tokens[s, i, : found[i][0]].tolist(), found[i][1], found[i][2])
+                        for i in ranked[:nbest]])
         return out
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from nmt_cli.access import Keys, RateLimit, bearer, is_open
 from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.config import ServeConfig, TranslateConfig
+from nmt_cli.device import select, tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
 from nmt_cli.libretranslate import is_libretranslate, parse_libretranslate
@@ -221,7 +222,7 @@ def check_address(host: str, port: int) -> None:
         raise NmtError(f"{host}:{port}: cannot listen there ({reason(e)}); choose another --host or --port") from None
 
 
-def serve(models: list[str], config: ServeConfig, device: Any, dtype: Any) -> None:
+def serve(models: list[str], config: ServeConfig) -> None:
     """Run the server until SIGTERM or Ctrl-C; requests in flight get --drain-seconds to finish."""
     try:
         import fastapi_offline  # noqa: F401 (create_app's; checked here, before anything starts)
@@ -233,6 +234,8 @@ def serve(models: list[str], config: ServeConfig, device: Any, dtype: Any) -> No
     from nmt_cli.metrics import Metrics
 
     check_address(config.host, config.port)
+    device, dtype = select(config.device, config.precision)
+    tune(device, config.threads)
     keys = Keys(config.api_keys) if config.api_keys is not None else None
     connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
     translators = {pair: Translator(bundles, TranslateConfig(max_tokens=config.max_tokens,

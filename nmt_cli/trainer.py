@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt_cli.config import TrainConfig
 from nmt_cli.data import Batch, ParallelData
-from nmt_cli.device import out_of_memory
+from nmt_cli.device import out_of_memory, tune
 from nmt_cli.device import select as select_device
 from nmt_cli.errors import NmtError
 from nmt_cli.kernels import SmoothedCrossEntropy, use_fast_paths
@@ -106,7 +106,8 @@ def set_up_runtime(config: TrainConfig) -> Runtime:
     """Device, precision and, under torchrun, the process group (NCCL on GPU, gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device, dtype = select_device(config.device, config.precision, config.threads, local_rank)
+    device, dtype = select_device(config.device, config.precision, local_rank)
+    tune(device, config.threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():

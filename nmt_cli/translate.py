@@ -22,6 +22,7 @@ from typing import IO
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import TranslateConfig
 from nmt_cli.device import select as select_device
+from nmt_cli.device import tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks
@@ -123,7 +124,8 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
         config = dataclasses.replace(config, search=search)
     except ValueError as e:
         raise NmtError(f"{checkpoints[0]}: its search settings with these options: {e}") from None
-    device, dtype = select_device(config.run_on, config.precision, config.threads)
+    device, dtype = select_device(config.run_on, config.precision)
+    tune(device, config.threads)
     translator = Translator(bundles, config, device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"

@@ -68,7 +68,8 @@ class Translator:
         `options`: device ("auto": CUDA when there is one), precision, threads, quantize ("int8"),
         cuda_graphs, max_tokens, batch_size, input_format, output_format, and any search option
         (beam, lenpen, ...: the defaults of every call; those not given are the model's own: an
-        imported model's release settings, else nmt-cli's)."""
+        imported model's release settings, else nmt-cli's). It changes no setting of the caller's
+        process but PyTorch's CPU threads, and those only when `threads` is given."""
         if not paths:
             raise TypeError("Translator.load() needs the path of at least one checkpoint")
         unknown = sorted(set(options) - set(LOAD_OPTIONS) - {f.name for f in dataclasses.fields(SearchConfig)})
@@ -82,7 +83,9 @@ class Translator:
             check_applies(config.search, search, name=lambda f: f.name)
         except ValueError as e:
             raise NmtError(str(e)) from None
-        device, dtype = select(config.run_on, config.precision, config.threads)
+        device, dtype = select(config.run_on, config.precision)
+        if config.threads:  # asked for: the only process setting the API changes
+            torch.set_num_threads(config.threads)
         return cls(bundles, config, device, dtype, warn)
 
     def search_config(self, **search: Any) -> SearchConfig:

@@ -1,10 +1,15 @@
-"""Device and precision choice, shared by `nmt train` and `nmt translate`."""
+"""Device and precision choice, shared by `nmt train` and `nmt translate`, and the process settings
+the commands tune."""
+
+import ctypes
+import platform
 
 import pytest
 import torch
 from click.testing import CliRunner
 from conftest import tiny_checkpoint
 
+from nmt_cli import device
 from nmt_cli.cli import main
 from nmt_cli.device import native_bf16, select
 from nmt_cli.errors import NmtError
@@ -59,3 +64,34 @@ def test_quantize_with_device_auto_runs_on_the_cpu_where_there_is_a_gpu(tmp_path
     assert TranslateConfig(quantize="int8").run_on == "cpu" and TranslateConfig().run_on == "auto"
     assert TranslateConfig(quantize="int8", device="cuda").run_on == "cuda"  # asked for: refused by the generator
     assert Translator.load(tiny_checkpoint(tmp_path / "m.pt"), quantize="int8").device == torch.device("cpu")
+
+
+def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypatch):
+    if platform.libc_ver()[0] == "glibc":  # Linux, as in CI
+        assert device.keep_freed_memory()
+        sbrk = ctypes.CDLL(None).sbrk
+        sbrk.restype = ctypes.c_void_p
+        block = torch.empty(1 << 24)  # 64 MB: above the largest mmap threshold glibc accepts (32 MB)
+        assert block.data_ptr() < sbrk(0)  # below the program break: the heap, not a fresh mapping
+    monkeypatch.setattr(device.ctypes, "CDLL", lambda name: object())  # a C library without mallopt
+    assert not device.keep_freed_memory()
+
+
+def test_translator_load_changes_no_setting_of_the_callers_process_but_the_threads_asked(tmp_path, monkeypatch):
+    """The commands tune the process (device.tune); a library call does not, unless asked."""
+    changed = []
+    monkeypatch.setattr(torch, "set_flush_denormal", lambda on: changed.append("denormals"))
+    monkeypatch.setattr(device, "keep_freed_memory", lambda: changed.append("malloc"))
+    threads = torch.get_num_threads()
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    from nmt_cli.translator import Translator
+
+    Translator.load(model, device="cpu")
+    assert changed == [] and torch.get_num_threads() == threads
+    try:
+        Translator.load(model, device="cpu", threads=1)
+        assert changed == [] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    device.tune(torch.device("cpu"))
+    assert changed == ["denormals", "malloc"]

@@ -1,9 +1,7 @@
 """kernels.py: each fast path equals the plain torch operation or module it replaces (the
 packed projection against the plain one is in test_search.py)."""
 
-import ctypes
 import math
-import platform
 
 import pytest
 import torch
@@ -131,16 +129,6 @@ def test_the_loss_equals_the_reference(dtype, device, monkeypatch):
     tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # the gradient is stored in the logits' precision
     assert ((logits.grad.double() - ref_logits.grad).norm() / ref_logits.grad.norm()).item() < tolerance
 
-
-def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypatch):
-    if platform.libc_ver()[0] == "glibc":  # Linux, as in CI
-        assert kernels.keep_freed_memory()
-        sbrk = ctypes.CDLL(None).sbrk
-        sbrk.restype = ctypes.c_void_p
-        block = torch.empty(1 << 24)  # 64 MB: above the largest mmap threshold glibc accepts (32 MB)
-        assert block.data_ptr() < sbrk(0)  # below the program break: the heap, not a fresh mapping
-    monkeypatch.setattr(kernels.ctypes, "CDLL", lambda name: object())  # a C library without mallopt
-    assert not kernels.keep_freed_memory()
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])

@@ -19,7 +19,7 @@ import torch
 import nmt_cli.model as model_module
 from nmt_cli import kernels
 from nmt_cli.architecture import PRESETS
-from nmt_cli.device import select
+from nmt_cli.device import tune
 
 
 def timed(attention: model_module.MultiHeadAttention, batch: int, length: int, causal: bool, backward: bool,
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
-    select("cpu", "fp32", args.threads)
+    tune(torch.device("cpu"), args.threads)
     torch.manual_seed(0)
     attention = kernels.use_fast_paths(model_module.MultiHeadAttention(PRESETS["small"], self_attention=True))
     for batch, length in ((400, 10), (200, 20), (120, 34), (64, 64), (32, 128), (16, 256)):

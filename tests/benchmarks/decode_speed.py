@@ -27,7 +27,7 @@ from common import decoding_arguments, timed
 from nmt_cli import search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
-from nmt_cli.device import select
+from nmt_cli.device import select, tune
 from nmt_cli.translator import Translator
 
 
@@ -63,7 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps_between_reads:
         search.steps_between_reads = lambda device: args.steps_between_reads
-    device, dtype = select(args.device, args.precision, args.threads)  # threads and memory as `nmt translate`'s
+    device, dtype = select(args.device, args.precision)
+    tune(device, args.threads)  # threads and memory as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize, cuda_graphs=args.cuda_graphs)

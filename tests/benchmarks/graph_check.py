@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nmt_cli import decoding, graphs, search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
-from nmt_cli.device import select
+from nmt_cli.device import select, tune
 from nmt_cli.translator import Translator
 
 VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "unsqueeze", "squeeze", "expand", "expand_as", "alias",
@@ -89,7 +89,8 @@ def main() -> None:
         from conftest import replayed
 
         graphs.capture = replayed
-    device, dtype = select(args.device, args.precision, args.threads)
+    device, dtype = select(args.device, args.precision)
+    tune(device, args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()[: args.lines]
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
     translator = Translator([load_bundle(args.model)], options, device, dtype)

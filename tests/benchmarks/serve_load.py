@@ -32,7 +32,7 @@ from common import SHARED
 
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig, TranslateConfig
-from nmt_cli.device import select
+from nmt_cli.device import tune
 from nmt_cli.translate import translate_lines
 from nmt_cli.translator import Translator
 
@@ -87,7 +87,8 @@ def main() -> None:
     lines = args.input.read_text(encoding="utf-8").splitlines()
     bodies = [[lines[(k * args.sentences + j) % len(lines)] for j in range(args.sentences)]
               for k in range(args.requests)]
-    device, _ = select("cpu", "fp32", args.threads)
+    device = torch.device("cpu")
+    tune(device, args.threads)
     translator = Translator([load_bundle(args.model)], TranslateConfig(SearchConfig()), device)
     start = time.perf_counter()
     translate_lines(translator, [line for body in bodies for line in body])
