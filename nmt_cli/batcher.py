@@ -20,6 +20,10 @@ from nmt_cli.search import SearchInterrupted
 from nmt_cli.translator import Translator
 
 DRAIN_MARGIN_SECONDS = 0.5  # of --drain-seconds, to answer before uvicorn ends the connections
+# The longest the idle loop waits at once. Python runs a signal's handler (SIGTERM's drain, SIGHUP's
+# keys) on the main thread between bytecodes; when the kernel hands the signal to another thread,
+# a main thread blocked in a wait without a bound would not run it until a request came.
+IDLE_WAIT_SECONDS = 0.25
 
 
 class RequestTooLarge(ValueError):
@@ -130,7 +134,7 @@ class Batcher:
     def run(self) -> None:
         """Translate the requests as they come, until `close`."""
         while True:
-            self._take(timeout=0 if self.waiting or self.closed else None)
+            self._take(timeout=0 if self.waiting or self.closed else IDLE_WAIT_SECONDS)
             if not self.waiting:
                 if self.closed:
                     return
@@ -138,8 +142,8 @@ class Batcher:
             self._gather(self.waiting[0])
             self._run(self._next_search())
 
-    def _take(self, timeout: float | None) -> None:
-        """Move the requests that arrived to the line, waiting up to `timeout` (None: until one comes)."""
+    def _take(self, timeout: float) -> None:
+        """Move the requests that arrived to the line, waiting up to `timeout` seconds."""
         try:
             job = self.queue.get(timeout=timeout)
             while True:

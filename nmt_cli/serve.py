@@ -34,7 +34,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from nmt_cli.access import Keys, RateLimit, bearer, is_open
-from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
+from nmt_cli.batcher import IDLE_WAIT_SECONDS, Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.config import ServeConfig, TranslateConfig
 from nmt_cli.device import select, tune
 from nmt_cli.errors import NmtError
@@ -278,6 +278,7 @@ def serve(models: list[str], config: ServeConfig) -> None:
     web = threading.Thread(target=listen, name="nmt-http", daemon=True)
     web.start()
     batcher.run()  # on this thread, which loaded the model
-    web.join()
+    while web.is_alive():  # a bounded wait, so that a second Ctrl-C's handler runs (batcher.IDLE_WAIT_SECONDS)
+        web.join(IDLE_WAIT_SECONDS)
     if not server.started:
         raise NmtError(f"{config.host}:{config.port}: the server could not start (the line above says why)")

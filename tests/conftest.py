@@ -65,12 +65,24 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_server_left():
-    """A server that a failing test could not stop is killed when the session ends."""
+    """A server that a failing test could not stop is killed when the session ends, first made to
+    write its threads' stacks into its log (faulthandler, on SIGABRT), which goes to
+    $NMT_TEST_FAILURES too when set."""
+    import signal
+    import subprocess
+
     yield
-    for process in SERVERS:
+    for process, log in SERVERS:
         if process.poll() is None:
-            process.kill()
-            process.wait()
+            process.send_signal(signal.SIGABRT)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if os.environ.get("NMT_TEST_FAILURES"):
+                with open(os.environ["NMT_TEST_FAILURES"], "a", encoding="utf-8") as out:
+                    out.write(f"=== a server left running: {log}\n{log.read_text()[-20000:]}\n\n")
 
 
 @pytest.fixture
@@ -359,11 +371,11 @@ def serving(tmp_path: Path, *options, model: Path | str | None = None, device: s
     port = free_port()
     log = tmp_path / "serve.log"  # a file, not a pipe nobody reads
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(model), "--port", str(port),
-                                    "--device", device, "--threads", "1", *map(str, options)], stdout=out, stderr=out,
-                                    preexec_fn=files and (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
-                                                                                     (files, files))))
-    SERVERS.append(process)
+        process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "nmt_cli", "serve", "-m", str(model),
+                                    "--port", str(port), "--device", device, "--threads", "1", *map(str, options)],
+                                   stdout=out, stderr=out, preexec_fn=files and (
+                                       lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))))
+    SERVERS.append((process, log))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -4,6 +4,7 @@ length; a small request that comes after a large one waits one search; requests 
 options share one; a request past --max-source-tokens is refused; a draining batcher answers
 ShuttingDown. With the real translator, the cut answers are those of one search."""
 
+import signal
 import threading
 import time
 
@@ -183,3 +184,24 @@ def test_cut_searches_give_the_translations_of_one(tmp_path):
     found = batcher(translator, max_tokens=1000).submit(sampled, lines).result(timeout=60)
     alone = translator.hypotheses(lines, sampling=True, seed=11, nbest=2)
     assert [[t.text for t in hyps] for hyps in found] == [[t.text for t in hyps] for hyps in alone]
+
+
+def test_an_idle_batcher_lets_a_signal_taken_by_another_thread_be_handled():
+    """Python runs a signal's handler on the main thread, which runs the batcher: when the kernel
+    gives the signal to another thread (the web server's, say), an idle batcher still gets to it
+    (nmt serve's SIGTERM drain, SIGHUP's keys) instead of waiting for the next request."""
+    batcher = Batcher(ServeConfig(), [])
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: batcher.close())
+    other = threading.Thread(target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(),
+                                                                                  signal.SIGUSR1)))
+    watchdog = threading.Timer(10, batcher.close)  # so that a failure ends
+    try:
+        start = time.monotonic()
+        other.start()
+        watchdog.start()
+        batcher.run()
+        assert time.monotonic() - start < 3
+    finally:
+        watchdog.cancel()
+        other.join()
+        signal.signal(signal.SIGUSR1, previous)
