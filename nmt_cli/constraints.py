@@ -21,20 +21,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from nmt_cli.data import pad
 from nmt_cli.vocab import EOS_ID
 
 NO_TOKEN = -1  # padding of the id tensors: no token (a wildcard in `avoid`'s left padding)
 Phrases = tuple[list[list[list[int]]], list[list[list[int]]]]  # each sentence's phrases to include, to avoid
 
 
-def _padded(rows: Sequence[Sequence[int]], width: int, device: torch.device) -> Tensor:
-    out = torch.full((len(rows), max(width, 1)), NO_TOKEN, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out.to(device)
+def _phrases(per_sentence: Sequence[Sequence[Sequence[int]]], device: torch.device,
+             right_aligned: bool = False) -> Tensor:
+    """(sentences, P, L) ids: each sentence's phrases, as many for each (empty ones added), padded
+    with NO_TOKEN (on the left where `right_aligned`)."""
+    same = _same_count(per_sentence)
+    longest = max((len(p) for phrases in same for p in phrases), default=0)
+    rows = [np.array(([NO_TOKEN] * (longest - len(p)) if right_aligned else []) + list(p), dtype=np.int64)
+            for phrases in same for p in phrases]
+    if not rows:
+        return torch.full((len(same), 0, 1), NO_TOKEN, dtype=torch.long, device=device)
+    return pad(rows, value=NO_TOKEN, length=max(longest, 1)).view(len(same), len(same[0]), -1).to(device)
 
 
 class Terms:
@@ -46,16 +54,11 @@ class Terms:
         `joining`: which target ids go on into the next token's word (BPE's @@): a phrase begins
         only where a word does, as in running text."""
         self.joining = joining
-        most, longest = max(map(len, include), default=0), max((len(p) for ps in include for p in ps), default=0)
-        self.words = torch.stack([_padded(list(phrases) + [[]] * (most - len(phrases)), longest, device)
-                                  for phrases in include]) if most else torch.empty(len(include), 0, 1,
-                                                                                    dtype=torch.long, device=device)
+        self.words = _phrases(include, device)  # (sentences, P, L)
         self.length = (self.words != NO_TOKEN).sum(2)  # (sentences, P)
-        self.needed = self.length.sum(1)  # (sentences,): constraint tokens in all
+        most = self.words.size(1)
         self.allocates = most > 0  # a phrase to produce: the beam is allocated by bank, else by score alone
-        longest = max((len(p) for phrases in avoid for p in phrases), default=0)
-        self.avoid = torch.stack([_padded([[NO_TOKEN] * (longest - len(p)) + list(p) for p in phrases], longest,
-                                          device) for phrases in _same_count(avoid)]) if longest else None
+        self.avoid = _phrases(avoid, device, right_aligned=True) if any(map(any, avoid)) else None
         # per row: which phrases it holds (rows, P), and which of their beginnings its output ends
         # with (rows, P, L: [..., i] the first i + 1 tokens)
         self.done = torch.zeros(0, most, dtype=torch.bool, device=device)

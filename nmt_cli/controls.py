@@ -27,7 +27,7 @@ class OutputControls:
 
     @classmethod
     def of(cls, config: SearchConfig, never: list[int], device: torch.device) -> OutputControls:
-        banned = torch.tensor([PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID]) + never, device=device)
+        banned = torch.tensor(banned_ids(config, never), device=device)
         return cls(banned, config.min_len, config.no_repeat_ngram_size, config.repetition_penalty)
 
     def apply(self, lp: Tensor, output: Tensor, step: int) -> None:
@@ -41,6 +41,12 @@ class OutputControls:
         n = self.no_repeat_ngram_size
         if n and output.size(1) >= n:
             lp.masked_fill_(repeated_ngram_ends(output, n, lp.size(1)), -math.inf)
+
+
+def banned_ids(config: SearchConfig, never: list[int]) -> list[int]:
+    """The ids a search never outputs: padding, BOS, <unk> unless --allow-unk, and `never` (a
+    vocabulary's fillers, a release's banned tokens)."""
+    return [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID]) + never
 
 
 def repeated_ngram_ends(output: Tensor, n: int, vocab: int) -> Tensor:

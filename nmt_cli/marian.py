@@ -24,11 +24,12 @@ import torch
 
 from nmt_cli.checkpoint import ModelBundle, bundle_of
 from nmt_cli.config import SearchConfig
+from nmt_cli.controls import banned_ids
 from nmt_cli.errors import NmtError
 from nmt_cli.export import text_files, write_export
 from nmt_cli.model import MultiHeadAttention, SublayerConnection, Transformer
 from nmt_cli.release import sines_then_cosines
-from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> None:
@@ -144,7 +145,7 @@ def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
     taken at max_positions - 1), our beam size, our stopping rule, our length penalty's alpha
     (which transformers applies as |Y|^alpha), and our minimum length, n-gram and repetition controls."""
     search = SearchConfig(**bundle.released.search)
-    banned = [PAD_ID, BOS_ID] + ([] if search.allow_unk else [UNK_ID]) + bundle.never
+    banned = banned_ids(search, bundle.never)
     return config_class(
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID, max_length=generate_limit(bundle, search) + 2,

@@ -66,7 +66,7 @@ class TextPipeline:
         """The target ids of a `prefix` (room left for EOS and a token) or a `reference` (for EOS)."""
         if not line.strip():
             return []
-        tokens = self.target_encoder.encode(line) if self.input_format == "raw" else line.split()
+        tokens = self._target_tokens(line)
         ids = self.tgt_vocab.encode(tokens)
         if not self.unknown_target and UNK_ID in ids:
             unknown = [t for t, i in zip(tokens, ids) if i == UNK_ID and t != UNK]
@@ -83,8 +83,7 @@ class TextPipeline:
         is none, and one that reads as <unk> is dropped (warned once, naming the line)."""
         found = []
         for phrase in phrases:
-            tokens = self.target_encoder.encode(phrase) if self.input_format == "raw" else phrase.split()
-            ids = self.tgt_vocab.encode(tokens)
+            ids = self.tgt_vocab.encode(self._target_tokens(phrase))
             if UNK_ID in ids:
                 if not self.unknown_phrase:
                     self.warn(f"warning: line {number}: the phrase {phrase!r} has a token the model's vocabulary "
@@ -93,6 +92,10 @@ class TextPipeline:
             elif ids:
                 found.append(ids)
         return found
+
+    def _target_tokens(self, text: str) -> list[str]:
+        """A target-side text (prefix, reference, phrase) as the model's tokens, as in running text."""
+        return self.target_encoder.encode(text) if self.input_format == "raw" else text.split()
 
     def prefix_alone(self, prefix: list[int], number: int) -> list[int]:
         """The output of an empty source with a prefix (its target ids): the prefix alone, nothing

@@ -339,7 +339,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
     finished = Finished(batch, beam, max(limit) + 1, device)
     controls, read_every = OutputControls.of(config, models.never, device), steps_between_reads(device)
-    if terms is not None:
+    allocating = terms is not None and terms.allocates  # the beam shared among banks (constraints.py)
+    if allocating:
         terms.start(batch, width)
 
     for step in range(max(limit) + 1):
@@ -350,16 +351,16 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
         # Finished: EOS among the top `beam` candidates, of a sentence not done before.
         is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)
         ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row[:, :beam], 1:]
-        short = terms.short(top[:, :beam], beams.sentences) if terms is not None and terms.allocates else None
+        short = terms.short(top[:, :beam], beams.sentences) if allocating else None
         finished.add(beams.sentences, is_new, top_scores[:, :beam], ended, penalty(step + 1), short)
         if heuristic(config):
             finished.keep_best(beam)
         # The first `beam` continuations that are not EOS (by score; with terms, by allocation).
-        order = top_scores if terms is None or not terms.allocates else \
-            -torch.arange(top.size(1), device=device, dtype=top_scores.dtype).expand_as(top_scores)
+        order = -torch.arange(top.size(1), device=device, dtype=top_scores.dtype).expand_as(top_scores) \
+            if allocating else top_scores
         live = order.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
-        beams.scores = top_scores.gather(1, live.indices)
-        if terms is not None and terms.allocates:
+        beams.scores = top_scores.gather(1, live.indices) if allocating else live.values
+        if allocating:
             terms.advance(top.gather(1, live.indices))
         origin = (torch.arange(n, device=device).unsqueeze(1) * width + top_row.gather(1, live.indices)).view(-1)
         beams.history = torch.cat([beams.history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
@@ -372,7 +373,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
                 break
             if len(keep) < n:
                 index, origin = beams.keep(keep, origin)
-                if terms is not None and terms.allocates:
+                if allocating:
                     terms.keep(index, beam)
         for state in states:
             state.reorder(origin, index)
