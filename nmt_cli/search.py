@@ -141,10 +141,12 @@ def _ban(lp: Tensor, banned: Tensor) -> None:
 
 
 def _with_wanted(lp: Tensor, values: Tensor, indices: Tensor, wanted: Tensor) -> tuple[Tensor, Tensor]:
-    """The top-k (`values`, `indices`) of each row followed by its `wanted` tokens (-1: none)."""
+    """The top-k (`values`, `indices`) of each row followed by its `wanted` tokens (-1: none), each
+    token once (phrases that begin alike want the same one)."""
     columns = wanted.clamp(min=0)
-    extra = lp.gather(1, columns).masked_fill((wanted < 0) | (wanted.unsqueeze(2) == indices.unsqueeze(1)).any(2),
-                                              -math.inf)
+    again = (wanted.unsqueeze(2) == indices.unsqueeze(1)).any(2) | \
+        (wanted.unsqueeze(2) == wanted.unsqueeze(1)).tril(-1).any(2)
+    extra = lp.gather(1, columns).masked_fill((wanted < 0) | again, -math.inf)
     return torch.cat([values, extra], 1), torch.cat([indices, columns], 1)
 
 
