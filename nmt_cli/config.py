@@ -155,6 +155,7 @@ class TrainConfig(Options):
                                "least padding: at most 2N batch shapes, so --compile compiles each once "
                                "(0: each batch padded to its own longest side).", min=0, max=256)
     threads: int | None = _threads_knob()
+    dist_timeout: float = knob(300.0, "Under torchrun: a process silent this many seconds ends the run.", min=1.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

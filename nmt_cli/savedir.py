@@ -88,9 +88,9 @@ class SaveDir:
 
     def resume(self, model: Transformer) -> dict[str, Any] | None:
         """checkpoint_last.pt with its weights loaded into `model`; None when there is none."""
-        if not self.last.exists():
+        state = self._last_state() if self.runtime.world > 1 else ckpt.load(self.last) if self.last.exists() else None
+        if state is None:
             return None
-        state = ckpt.load(self.last)
         ours = model.config.to_dict()
         for key, value in state["model_config"].items():
             if ours.get(key) != value:
@@ -100,6 +100,31 @@ class SaveDir:
         self._check_vocabularies(state, self.last, "use the data the checkpoint was trained on, or --reset")
         model.load_state_dict(state["model"])
         return state
+
+    def _last_state(self) -> dict[str, Any] | None:
+        """With several processes: checkpoint_last.pt as the main process sees it. The others read
+        the same file where they see it too (a shared save directory); where one does not (a save
+        directory local to each node), the main process sends it to all."""
+        state, problem = None, None
+        if self.runtime.main and self.last.exists():
+            try:
+                state = ckpt.load(self.last)
+            except NmtError as e:  # every process ends with the same line, none waits for the main one
+                problem = str(e)
+        here = (self.last.stat().st_size, self.last.stat().st_mtime_ns) if self.last.exists() else None
+        sent = [(here, problem)]
+        dist.broadcast_object_list(sent, src=0)
+        (main_file, problem), = sent
+        if problem is not None:
+            raise NmtError(problem)
+        if main_file is None:
+            return None
+        elsewhere, = self.runtime.agree(here != main_file)
+        if elsewhere:
+            sent = [state]
+            dist.broadcast_object_list(sent, src=0)
+            return sent[0]
+        return state if self.runtime.main else ckpt.load(self.last)
 
     def initialize(self, model: Transformer, path: Path) -> Released:
         """--init-from: the weights of `path` (same vocabularies, same shapes), nothing else but

@@ -4,11 +4,8 @@ A run reads a data directory (datadir.py), builds the model, resumes from its sa
 last checkpoint (savedir.py) and repeats updates (trainer.py) until a stop criterion,
 validating and saving on the way; it reports through runlog.py.
 
-The batches of an epoch are a seeded permutation of length-grouped token batches (data.py);
-with W processes and K micro-batches per update, update u of an epoch takes batches
-[u*W*K, (u+1)*W*K) and process r the K of them starting at u*W*K + r*K. A checkpoint stores the
-update count, the epoch and the updates done in it, so stop + resume gives the same parameters
-as one run.
+Which batches each update and process take: epochs.py. A checkpoint stores the update count, the
+epoch and the updates done in it, so stop + resume gives the same parameters as one run.
 """
 
 from __future__ import annotations
@@ -21,43 +18,31 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import SearchConfig, TrainConfig
-from nmt_cli.data import ParallelData, Prefetcher, length_buckets, shapes_and_padding, shuffled, token_batches
+from nmt_cli.data import ParallelData, Prefetcher, shapes_and_padding, shuffled
 from nmt_cli.datadir import DataDir
 from nmt_cli.device import out_of_memory
+from nmt_cli.epochs import load_splits, same_updates, share, updates_in_epoch
 from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries
 from nmt_cli.generator import Generator
 from nmt_cli.kernels import steps_between_reads
 from nmt_cli.model import Transformer
+from nmt_cli.peers import rank_map
 from nmt_cli.pipeline import TextPipeline
 from nmt_cli.progress import Progress, Stop
 from nmt_cli.release import Released
 from nmt_cli.runlog import RunLog
 from nmt_cli.savedir import SaveDir, set_rng_state
-from nmt_cli.trainer import Runtime, SkipGuard, Trainer, set_up_runtime
+from nmt_cli.trainer import SkipGuard, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
 
 if TYPE_CHECKING:
     from nmt_cli.score import Score
-
-
-def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:
-    """Refuse data with a sequence longer than the model's positions, naming the valid pair."""
-    longest = max(int(max(train.src_lengths.max(), train.tgt_lengths.max())) for train in trains)
-    if longest > max_positions:
-        raise NmtError(f"{data_dir}: training has a sequence of {longest} tokens (EOS included), more than "
-                       f"--max-positions {max_positions}; raise it or preprocess with a smaller --max-len")
-    lengths = np.maximum(valid.src_lengths, valid.tgt_lengths) if valid is not None else np.zeros(0)
-    if lengths.max(initial=0) > max_positions:
-        raise NmtError(f"{data_dir}: valid pair {int(lengths.argmax()) + 1} has {int(lengths.max())} tokens (EOS "
-                       f"included), more than --max-positions {max_positions}; shorten or remove that line of "
-                       "the valid split, or raise --max-positions")
 
 
 def valid_scores(model: Transformer, pipeline: TextPipeline, valid: ParallelData, config: TrainConfig,
@@ -85,53 +70,13 @@ def averaged_checkpoint(bundle: ckpt.ModelBundle, trainer: Trainer, updates: int
             "data": data}
 
 
-def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid: ParallelData | None,
-                 pad_multiple: int, buckets: np.ndarray | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Training batches of --max-tokens (of the length buckets, with --length-buckets), and valid
-    batches that each hold at least the longest valid pair (validation never drops one)."""
-    try:
-        batches = token_batches(train.src_lengths, train.tgt_lengths, config.max_tokens, config.max_sentences,
-                                pad_multiple, buckets)
-    except ValueError as e:
-        raise NmtError(f"{data_dir}: {e}; raise --max-tokens") from None
-    if valid is None:
-        return batches, []
-    longest = int(max(valid.src_lengths.max(initial=1), valid.tgt_lengths.max(initial=1)))
-    return batches, token_batches(valid.src_lengths, valid.tgt_lengths, max(config.max_tokens, longest))
-
-
-def load_splits(data: DataDir, config: TrainConfig, pad_multiple: int, max_positions: int) -> tuple[
-        ParallelData, ParallelData | None, list[np.ndarray], list[np.ndarray], list[tuple[ParallelData, list]],
-        np.ndarray | None]:
-    """The training split, the valid split, their batches, the training split's sampled
-    segmentations with theirs (subword regularization), and the length buckets of all training
-    batches (--length-buckets); data longer than the model's positions is refused."""
-    train = data.split("train")
-    valid = data.split("valid") if data.has_split("valid") else None
-    sampled = [data.split(name) for name in data.sampled_splits]
-    check_lengths(data.path, [train, *sampled], valid, max_positions)
-    buckets = length_buckets(np.concatenate([split.src_lengths for split in (train, *sampled)]),
-                             np.concatenate([split.tgt_lengths for split in (train, *sampled)]),
-                             config.length_buckets, pad_multiple) if config.length_buckets else None
-    batches, valid_batches = make_batches(data.path, config, train, valid, pad_multiple, buckets)
-    samples = [(sample, make_batches(data.path, config, sample, None, pad_multiple, buckets)[0])
-               for sample in sampled]
-    return train, valid, batches, valid_batches, samples, buckets
-
-
-def share(order: list[np.ndarray], update: int, runtime: Runtime,
-          update_freq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The batches of update `update` of the epoch on all processes, and this process's share."""
-    group = order[update * runtime.world * update_freq:(update + 1) * runtime.world * update_freq]
-    return group, group[runtime.rank * update_freq:(runtime.rank + 1) * update_freq]
-
-
 def starting_line(run: TrainingRun) -> str:
     """What a run says when it starts: model size, hardware, data and the tokens of an update."""
     c, p, rt = run.config, run.progress, run.runtime
     params = sum(t.numel() for t in run.model.parameters())
+    processes = f"{rt.world} processes ({rank_map(rt.peers.places)})" if rt.peers else f"{rt.world} process(es)"
     return (f"{'resuming at update ' + str(p.updates) if run.resumed else 'starting'}: {params:,} parameters, "
-            f"{rt.device} {str(rt.dtype).removeprefix('torch.')}, {rt.world} process(es), "
+            f"{rt.device} {str(rt.dtype).removeprefix('torch.')}, {processes}, "
             f"{len(run.train):,} training pairs in {len(run.batches):,} batches; up to "
             f"{c.max_tokens * rt.world * c.update_freq:,} tokens per update (max-tokens {c.max_tokens} x "
             f"{rt.world} x update-freq {c.update_freq}){bucketing(run)}")
@@ -183,6 +128,13 @@ class TrainingRun:
                  reset: bool = False, init_from: Path | None = None, progress_bar: bool = True) -> None:
         self.config, self.save_dir = config, Path(save_dir)
         self.runtime = set_up_runtime(config)
+        with self.ending_on_loss():
+            self._build(data_dir, model_config, reset, init_from, progress_bar)
+
+    def _build(self, data_dir: Path, model_config: ModelConfig, reset: bool, init_from: Path | None,
+               progress_bar: bool) -> None:
+        """Data, model, trainer and the state resumed from (or started from)."""
+        config = self.config
         data = DataDir.open(data_dir, verify=True)
         self.data = {"directory": str(data.path.resolve()), "inputs": data.meta.get("inputs"),
                      "pairs": {name: split["pairs_out"] for name, split in data.meta["splits"].items()}}
@@ -213,6 +165,10 @@ class TrainingRun:
             torch.manual_seed(config.seed + self.runtime.rank)  # dropout differs per process
         self.resumed = state is not None
 
+    def ending_on_loss(self) -> contextlib.AbstractContextManager:
+        """With several processes: a lost one ends this one with a line (peers.Heartbeat)."""
+        return self.runtime.peers.ending_on_loss() if self.runtime.peers else contextlib.nullcontext()
+
     def _continue(self, state: dict[str, Any]) -> None:
         """Take up the optimizer, progress and RNG states of the checkpoint resumed from."""
         self.trainer.load_state(state)
@@ -222,11 +178,14 @@ class TrainingRun:
             self.log.log(f"warning: {self.checkpoints.last} keeps a weight average (--ema-decay {decay:g}); this "
                          f"run, without --ema-decay, stops averaging and checkpoint_ema.pt stays at update "
                          f"{self.progress.updates}: add --ema-decay {decay:g} to continue the average")
-        if state["batching"] != self.batching():
+        if not same_updates(state["batching"], self.batching()):
             self.log.log(f"batching changed since {self.checkpoints.last} ({state['batching']} -> "
                          f"{self.batching()}): continuing with epoch {self.progress.epoch + 1}")
             self.progress.epoch, self.progress.epoch_updates = self.progress.epoch + 1, 0
-        set_rng_state(state["rng"][min(self.runtime.rank, len(state["rng"]) - 1)])
+        rank, states = self.runtime.rank, state["rng"]
+        set_rng_state(states[min(rank, len(states) - 1)])
+        if rank >= len(states):  # more processes than the checkpoint's: dropout differs per process
+            torch.manual_seed(self.config.seed + rank + self.progress.updates)
 
     @functools.cached_property
     def pipeline(self) -> TextPipeline:
@@ -285,10 +244,13 @@ class TrainingRun:
                 if (finished := self.progress.finished(self.config)) is not None:
                     self.log.log(f"nothing to do: {finished}")
                     return self.progress
-                return self._train()
+                with self.ending_on_loss():
+                    return self._train()
             finally:
                 self.log.close()
                 self.prefetcher.close()
+                if self.runtime.peers:
+                    self.runtime.peers.close()
 
     def _train(self) -> Progress:
         """The loop: epochs of updates, each followed by what is due (validation, checkpoint, stop)."""
@@ -306,14 +268,16 @@ class TrainingRun:
                     self.train, self.batches = self.samples[(p.epoch - 1) % len(self.samples)]
                     self.prefetcher.data = self.train
                 order = shuffled(self.batches, c.seed, p.epoch)
-                full, rest = divmod(len(order), rt.world * c.update_freq)
-                updates_in_epoch = full + (1 if rest and rt.world == 1 else 0)
-                while p.epoch_updates < updates_in_epoch and stop is None:
+                in_epoch = updates_in_epoch(len(order), rt, c.update_freq)
+                while p.epoch_updates < in_epoch and stop is None:
                     group, mine = share(order, p.epoch_updates, rt, c.update_freq)
-                    if p.epoch_updates + 1 < updates_in_epoch:
+                    if p.epoch_updates + 1 < in_epoch:
                         self.prefetcher.prefetch(share(order, p.epoch_updates + 1, rt, c.update_freq)[1])
                     update_tokens = int(sum(self.train.tgt_lengths[b].sum() for b in group))
-                    advanced = self.guard.update(self.prefetcher.get(mine), update_tokens, p.updates + 1)
+                    if rt.peers:
+                        rt.peers.update = p.updates
+                    advanced = self.guard.update(self.prefetcher.get(mine or group[:1]), update_tokens,
+                                                 p.updates + 1, counted=bool(mine))
                     p.epoch_updates += 1
                     if advanced:
                         p.updates += 1

@@ -33,11 +33,11 @@ from nmt_cli.device import select as select_device
 from nmt_cli.errors import NmtError
 from nmt_cli.kernels import SmoothedCrossEntropy, use_fast_paths
 from nmt_cli.model import Transformer
+from nmt_cli.peers import Heartbeat, Place
 from nmt_cli.progress import Progress
 from nmt_cli.runlog import RunLog
 from nmt_cli.vocab import PAD_ID
 
-DIST_TIMEOUT = datetime.timedelta(minutes=5)
 MAX_SKIPS_IN_A_ROW = 5
 
 
@@ -87,6 +87,7 @@ class Runtime:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    peers: Heartbeat | None = None  # with several processes
 
     @property
     def main(self) -> bool:
@@ -103,16 +104,26 @@ class Runtime:
 
 
 def set_up_runtime(config: TrainConfig) -> Runtime:
-    """Device, precision and, under torchrun, the process group (NCCL on GPU, gloo on CPU)."""
+    """Device, precision and, under torchrun, the process group (NCCL on GPU, gloo on CPU) whose
+    collectives wait at most --dist-timeout, and the heartbeat that ends the run when a process
+    is lost."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device, dtype = select_device(config.device, config.precision, local_rank)
     tune(device, config.threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
-    return Runtime(device, dtype, rank, world, local_rank)
+    if world == 1:
+        return Runtime(device, dtype)
+    # NCCL: a collective past its time-out raises and tears the communicator down instead of hanging
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if not dist.is_initialized():
+        # the heartbeat names a lost process at --dist-timeout; the collectives' own limit is the backstop
+        timeout = datetime.timedelta(seconds=config.dist_timeout + 10)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+    place = Place.here(rank, local_rank, str(device))
+    peers = Heartbeat.joined(place, config.dist_timeout) if "MASTER_ADDR" in os.environ else None
+    return Runtime(device, dtype, rank, world, local_rank, peers)
 
 
 class WeightAverage:
@@ -226,15 +237,17 @@ class Trainer:
         self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
         self.time_spent = 0.0  # share of --max-time trained, agreed by all processes (the linear schedule)
 
-    def update(self, batches: list[Batch], update_tokens: int, step: int) -> Tensor:
+    def update(self, batches: list[Batch], update_tokens: int, step: int, counted: bool = True) -> Tensor:
         """One optimizer step over `batches`, queued: returns the (loss sum, NLL sum, target tokens)
         of the update on the device, read by the caller when it chooses. A non-finite loss sum means
-        the step was skipped (the weights, Adam's state and the weight average are as before)."""
+        the step was skipped (the weights, Adam's state and the weight average are as before).
+        Not `counted`: this process has no share of an epoch's short last update; it runs `batches`
+        with weight 0 so that it still takes part in the processes' sum of gradients."""
         self.net.train()
         if self.config.compile:  # a new update: reduce-overhead's CUDA graphs may reuse the last one's memory
             torch.compiler.cudagraph_mark_step_begin()
         # DDP averages gradients over processes; scaling by `world` makes them sums over all tokens.
-        weight = self.runtime.world / update_tokens
+        weight = self.runtime.world / update_tokens if counted else 0.0
         totals = torch.zeros(3, dtype=torch.float64, device=self.runtime.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
@@ -242,8 +255,8 @@ class Trainer:
             with sync:
                 loss, nll, tokens = self.loss(self.net, batch)
                 self.scaler.scale(loss * weight).backward()
-            totals += torch.stack([loss.detach(), nll.detach(), tokens]).double()
-        finite = totals[0].isfinite()
+            totals += torch.stack([loss.detach(), nll.detach(), tokens]).double() * counted
+        finite = self._finite_everywhere(totals)
         if not self.skips_on_device and not bool(finite):  # a host wait, where the device cannot skip
             self.optimizer.zero_grad(set_to_none=True)
             return totals
@@ -264,6 +277,18 @@ class Trainer:
         if self.scaler.is_enabled() and self.scaler.get_scale() != loss_scale:
             self.loss_scale_changes.append((step, loss_scale, self.scaler.get_scale()))
         return totals
+
+    def _finite_everywhere(self, totals: Tensor) -> Tensor:
+        """Whether every process's loss sum is finite (a NaN on one reaches all through the summed
+        gradients, so all skip the step); where one is not, this one's loss sum is marked NaN too,
+        so that every process counts the skip."""
+        finite = totals[0].isfinite()
+        if self.runtime.world > 1:
+            flag = finite.float()
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            finite = flag.bool()
+            totals[0] = torch.where(finite, totals[0], torch.nan)
+        return finite
 
     def loss(self, net: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """Label-smoothed loss and NLL sums and the token count of one batch (padding excluded)."""
@@ -308,10 +333,11 @@ class SkipGuard:
         self.in_a_row = {"oom": 0, "nonfinite": 0}
         self.pending: list[tuple[int, torch.Tensor, float]] = []  # (update, its loss sums on the device, rate)
 
-    def update(self, batches: list[Batch], update_tokens: int, step: int) -> bool:
-        """Queue update `step`; False when its batch ran out of memory (skipped, nothing pending)."""
+    def update(self, batches: list[Batch], update_tokens: int, step: int, counted: bool = True) -> bool:
+        """Queue update `step` (Trainer.update); False when its batch ran out of memory (skipped,
+        nothing pending)."""
         try:
-            totals = self.trainer.update(batches, update_tokens, step)
+            totals = self.trainer.update(batches, update_tokens, step, counted)
         except RuntimeError as e:  # CUDA's OutOfMemoryError is one
             if not out_of_memory(e):
                 raise

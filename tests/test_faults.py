@@ -1,5 +1,7 @@
-"""Faults: SIGKILL at random moments (also mid-checkpoint), SIGINT/SIGTERM, a failing process under torchrun."""
+"""Faults: SIGKILL at random moments (also mid-checkpoint), SIGINT/SIGTERM, a failing process under torchrun,
+a node lost from a two-node run."""
 
+import contextlib
 import os
 import random
 import signal
@@ -107,10 +109,10 @@ def test_a_failing_process_stops_the_others(tmp_path):
     wrapper.write_text(
         "from nmt_cli import trainer\n"
         "real = trainer.Trainer.update\n"
-        "def update(self, batches, tokens, step):\n"
+        "def update(self, batches, tokens, step, counted):\n"
         "    if self.runtime.rank == 1 and step == 3:\n"
         "        raise RuntimeError('injected failure on rank 1')\n"
-        "    return real(self, batches, tokens, step)\n"
+        "    return real(self, batches, tokens, step, counted)\n"
         "trainer.Trainer.update = update\n"
         "from nmt_cli.cli import main\n"
         "main()\n")
@@ -121,6 +123,52 @@ def test_a_failing_process_stops_the_others(tmp_path):
     assert result.returncode != 0
     assert "injected failure on rank 1" in result.stderr
     assert time.monotonic() - start < 120
+
+
+def node_processes(agent: int) -> list[int]:
+    """A torchrun agent's workers, then the agent."""
+    children = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True).stdout.split()
+    return [*map(int, children), agent]
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+@pytest.mark.slow
+def test_a_lost_node_ends_the_other_with_a_line_and_its_checkpoint_intact(tmp_path, how):
+    """Node 1's processes killed (gloo sees the closed connection) or stopped (nothing is seen;
+    only their silence tells): node 0 ends within --dist-timeout + 30 s, non-zero, with a line
+    naming the lost rank and the update, and its last checkpoint loads."""
+    from conftest import free_port
+
+    data = synthetic_data_dir(tmp_path)
+    port, timeout = free_port(), 10
+    command = [*train_command(data, tmp_path / "ck", max_updates=100000)[3:], "--dist-timeout", str(timeout),
+               "--save-interval-updates", "5"]
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+                               str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+                               str(port), "-m", "nmt_cli", *command], env=ENV, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ck/checkpoint_last.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert nodes[0].poll() is None and nodes[1].poll() is None, "a node ended before the other was lost"
+        time.sleep(0.5)  # a few more updates
+        for pid in node_processes(nodes[1].pid):  # torchrun starts its workers in their own sessions
+            os.kill(pid, how)
+        lost = time.monotonic()
+        stderr = nodes[0].communicate(timeout=timeout + 30)[1]
+        assert time.monotonic() - lost <= timeout + 30
+    finally:
+        for node in nodes:
+            for pid in node_processes(node.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            node.wait()
+    ours = [line for line in stderr.splitlines() if line.startswith("Error: ")]
+    assert nodes[0].returncode != 0 and len(ours) == 1, stderr
+    assert "rank 1 (node 1 on " in ours[0] and "stopped answering" in ours[0], ours[0]
+    assert "ending rank 0 (node 0 on " in ours[0] and "at update " in ours[0], ours[0]
+    assert ckpt.load(tmp_path / "ck/checkpoint_last.pt")["progress"]["updates"] >= 5
 
 
 @pytest.mark.parametrize("command", ["translate", "preprocess"])

@@ -297,6 +297,75 @@ def test_two_processes_equal_one_with_update_freq_2(tmp_path):
     assert any(not torch.allclose(one["model"][k], initial[k]) for k in initial)
 
 
+RANK_WEIGHTS = """\
+import os
+import torch
+from nmt_cli import train
+real = train.TrainingRun.run
+def run(self):
+    progress = real(self)
+    torch.save(self.model.state_dict(), os.path.join(os.environ["WEIGHTS"], f"{self.runtime.rank}.pt"))
+    return progress
+train.TrainingRun.run = run
+from nmt_cli.cli import main
+main()
+"""
+
+
+def two_nodes(tmp_path, data, updates, weights, processes=1):
+    """Two torchrun invocations as two nodes (static rendezvous on this machine), each with its
+    own save directory as if local to its node (node0/, node1/); every rank's final weights are
+    written to `weights`/RANK.pt."""
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    script = tmp_path / "rank_weights.py"
+    script.write_text(RANK_WEIGHTS)
+    weights.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WEIGHTS": str(weights)}
+    port = free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+         "--nproc-per-node", str(processes), "--master-addr", "127.0.0.1", "--master-port", str(port), str(script),
+         *cli_train(data, tmp_path / f"node{node}", "--max-updates", str(updates), "--max-tokens", "190")[2:]],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    logs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    return logs
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_process_and_resume_across_process_counts(tmp_path):
+    """Two nodes of one process each (save directories local to each node) equal one process
+    with --update-freq 2, through an epoch's short last update (15 batches, 2 per update), a
+    resume that node 1 gets from node 0, a resume on one process, and back on two nodes."""
+    import subprocess
+    import sys
+
+    data = synthetic_data_dir(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = [sys.executable, *cli_train(data, tmp_path / "node0", "--update-freq", "2", "--max-tokens", "190")]
+    first = two_nodes(tmp_path, data, 6, tmp_path / "w6")
+    assert "node 0 (" in first[0] and "rank 1 = local 0 on cpu" in first[0]
+    resumed = two_nodes(tmp_path, data, 12, tmp_path / "w12")  # node1/ has no checkpoint: node 0 sends it
+    assert "resuming at update 6" in resumed[0]
+    subprocess.run(one + ["--max-updates", "16"], check=True, env=env, timeout=300)
+    two_nodes(tmp_path, data, 20, tmp_path / "w20")
+    assert not list((tmp_path / "node1").glob("*.pt")), "only global rank 0 writes checkpoints"
+    for weights in ("w6", "w12", "w20"):
+        rank0, rank1 = (torch.load(tmp_path / weights / f"{rank}.pt") for rank in (0, 1))
+        assert all(torch.equal(rank0[key], rank1[key]) for key in rank0), f"the ranks differ after {weights}"
+    reference = [sys.executable, *cli_train(data, tmp_path / "one", "--update-freq", "2", "--max-tokens", "190")]
+    subprocess.run(reference + ["--max-updates", "20"], check=True, env=env, timeout=300)
+    nodes, alone = ckpt.load(tmp_path / "node0/checkpoint_last.pt"), ckpt.load(tmp_path / "one/checkpoint_last.pt")
+    assert nodes["progress"]["updates"] == alone["progress"]["updates"] == 20
+    assert nodes["progress"]["epoch"] == alone["progress"]["epoch"] == 3  # 8 updates an epoch, the 8th short
+    for key in alone["model"]:
+        assert (nodes["model"][key] - alone["model"][key]).abs().max() <= 1e-5, key
+
+
 def _agree_in_process(rank: int, init_file: str, flags: list[tuple[bool, ...]], out: str) -> None:
     import torch.distributed as dist
 
@@ -444,11 +513,11 @@ def test_batches_that_never_fit_in_memory_stop_the_run_with_advice(tmp_path, mon
     run = run_training(data, tmp_path / "ck", max_epochs=50)
     real, calls = run.trainer.update, []
 
-    def short_of_memory(batches, tokens, step):
+    def short_of_memory(batches, tokens, step, counted):
         calls.append(step)
         if len(calls) in (2, 3) or len(calls) >= 5:  # two, then every batch from the fifth on
             raise error
-        return real(batches, tokens, step)
+        return real(batches, tokens, step, counted)
 
     monkeypatch.setattr(run.trainer, "update", short_of_memory)
     what = "CUDA out of memory" if isinstance(error, torch.cuda.OutOfMemoryError) else "out of memory"

@@ -1,0 +1,91 @@
+"""The batches of an epoch, and which of them each update and each process takes.
+
+The batches of an epoch are a seeded permutation of length-grouped token batches (data.py);
+with W processes and K micro-batches per update, update u of an epoch takes batches
+[u*W*K, (u+1)*W*K) and process r the K of them starting at u*W*K + r*K. Only the product W*K
+shapes the updates, so a run may resume on another number of processes with the --update-freq
+that keeps it. An epoch's last update may be short: processes without a share of it take part
+with weight 0 (Trainer.update).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt_cli.config import TrainConfig
+from nmt_cli.data import ParallelData, length_buckets, token_batches
+from nmt_cli.datadir import DataDir
+from nmt_cli.errors import NmtError
+from nmt_cli.trainer import Runtime
+
+
+def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:
+    """Refuse data with a sequence longer than the model's positions, naming the valid pair."""
+    longest = max(int(max(train.src_lengths.max(), train.tgt_lengths.max())) for train in trains)
+    if longest > max_positions:
+        raise NmtError(f"{data_dir}: training has a sequence of {longest} tokens (EOS included), more than "
+                       f"--max-positions {max_positions}; raise it or preprocess with a smaller --max-len")
+    lengths = np.maximum(valid.src_lengths, valid.tgt_lengths) if valid is not None else np.zeros(0)
+    if lengths.max(initial=0) > max_positions:
+        raise NmtError(f"{data_dir}: valid pair {int(lengths.argmax()) + 1} has {int(lengths.max())} tokens (EOS "
+                       f"included), more than --max-positions {max_positions}; shorten or remove that line of "
+                       "the valid split, or raise --max-positions")
+
+
+def make_batches(data_dir: Path, config: TrainConfig, train: ParallelData, valid: ParallelData | None,
+                 pad_multiple: int, buckets: np.ndarray | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Training batches of --max-tokens (of the length buckets, with --length-buckets), and valid
+    batches that each hold at least the longest valid pair (validation never drops one)."""
+    try:
+        batches = token_batches(train.src_lengths, train.tgt_lengths, config.max_tokens, config.max_sentences,
+                                pad_multiple, buckets)
+    except ValueError as e:
+        raise NmtError(f"{data_dir}: {e}; raise --max-tokens") from None
+    if valid is None:
+        return batches, []
+    longest = int(max(valid.src_lengths.max(initial=1), valid.tgt_lengths.max(initial=1)))
+    return batches, token_batches(valid.src_lengths, valid.tgt_lengths, max(config.max_tokens, longest))
+
+
+def load_splits(data: DataDir, config: TrainConfig, pad_multiple: int, max_positions: int) -> tuple[
+        ParallelData, ParallelData | None, list[np.ndarray], list[np.ndarray], list[tuple[ParallelData, list]],
+        np.ndarray | None]:
+    """The training split, the valid split, their batches, the training split's sampled
+    segmentations with theirs (subword regularization), and the length buckets of all training
+    batches (--length-buckets); data longer than the model's positions is refused."""
+    train = data.split("train")
+    valid = data.split("valid") if data.has_split("valid") else None
+    sampled = [data.split(name) for name in data.sampled_splits]
+    check_lengths(data.path, [train, *sampled], valid, max_positions)
+    buckets = length_buckets(np.concatenate([split.src_lengths for split in (train, *sampled)]),
+                             np.concatenate([split.tgt_lengths for split in (train, *sampled)]),
+                             config.length_buckets, pad_multiple) if config.length_buckets else None
+    batches, valid_batches = make_batches(data.path, config, train, valid, pad_multiple, buckets)
+    samples = [(sample, make_batches(data.path, config, sample, None, pad_multiple, buckets)[0])
+               for sample in sampled]
+    return train, valid, batches, valid_batches, samples, buckets
+
+
+def updates_in_epoch(batches: int, runtime: Runtime, update_freq: int) -> int:
+    """An epoch's updates: every batch is trained, the last update taking what is left."""
+    return -(-batches // (runtime.world * update_freq))
+
+
+def share(order: list[np.ndarray], update: int, runtime: Runtime,
+          update_freq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The batches of update `update` of the epoch on all processes, and this process's share
+    (empty for some processes in an epoch's short last update)."""
+    group = order[update * runtime.world * update_freq:(update + 1) * runtime.world * update_freq]
+    return group, group[runtime.rank * update_freq:(runtime.rank + 1) * update_freq]
+
+
+def same_updates(saved: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether two runs' batching makes the same updates: what counts of processes and
+    --update-freq is their product (4 processes = 1 process with --update-freq 4)."""
+    def updates(batching: dict[str, Any]) -> dict[str, Any]:
+        rest = {k: v for k, v in batching.items() if k not in ("world", "update_freq")}
+        return {**rest, "batches_per_update": batching.get("world", 1) * batching.get("update_freq", 1)}
+    return updates(saved) == updates(now)
