@@ -193,7 +193,7 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
           **options: Any) -> None:
     """Train a Transformer with the paper's regime.
 
-    Resumable (run the same command again); torchrun for many GPUs."""
+    Resumable (run the same command again); torchrun for many GPUs and machines (docs/distributed.md)."""
     from nmt_cli.train import TrainingRun, fine_tuning_config
 
     if init_from is None:

@@ -88,7 +88,7 @@ def test_matmul_speed():
 
 @pytest.mark.slow
 def test_learning_margin():
-    (result,) = run("learning_margin.py", "--paths", "avx2")
+    (result,) = run("learning_margin.py", "--paths", "avx2", "--max-updates", 60)
     assert result["path"] == "avx2" and all(0 <= result[k][0] <= 1 for k in ("best_fp32", "best_int8", "last_fp32"))
 
 

@@ -140,7 +140,7 @@ def test_a_lost_node_ends_the_other_with_a_line_and_its_checkpoint_intact(tmp_pa
     from conftest import free_port
 
     data = synthetic_data_dir(tmp_path)
-    port, timeout = free_port(), 10
+    port, timeout = free_port(), 5
     command = [*train_command(data, tmp_path / "ck", max_updates=100000)[3:], "--dist-timeout", str(timeout),
                "--save-interval-updates", "5"]
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",

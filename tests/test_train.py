@@ -312,10 +312,11 @@ main()
 """
 
 
-def two_nodes(tmp_path, data, updates, weights, processes=1):
-    """Two torchrun invocations as two nodes (static rendezvous on this machine), each with its
-    own save directory as if local to its node (node0/, node1/); every rank's final weights are
-    written to `weights`/RANK.pt."""
+def two_nodes(tmp_path, data, updates, weights, c10d=False):
+    """Two torchrun invocations as two nodes on this machine, every rank's final weights written
+    to `weights`/RANK.pt. Static rendezvous: node 0 and node 1 each have a save directory of
+    their own, as if local to it (node0/, node1/); c10d rendezvous (which numbers the nodes
+    itself): both save to node0/, as if shared."""
     import subprocess
     import sys
 
@@ -326,10 +327,13 @@ def two_nodes(tmp_path, data, updates, weights, processes=1):
     weights.mkdir(exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WEIGHTS": str(weights)}
     port = free_port()
+    rendezvous = {node: ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "run"]
+                  if c10d else ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+                  for node in (0, 1)}
     nodes = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-         "--nproc-per-node", str(processes), "--master-addr", "127.0.0.1", "--master-port", str(port), str(script),
-         *cli_train(data, tmp_path / f"node{node}", "--max-updates", str(updates), "--max-tokens", "190")[2:]],
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *rendezvous[node],
+         str(script), *cli_train(data, tmp_path / f"node{0 if c10d else node}", "--max-updates", str(updates),
+                                 "--max-tokens", "190")[2:]],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
     logs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
@@ -338,23 +342,23 @@ def two_nodes(tmp_path, data, updates, weights, processes=1):
 
 @pytest.mark.slow
 def test_two_nodes_train_as_one_process_and_resume_across_process_counts(tmp_path):
-    """Two nodes of one process each (save directories local to each node) equal one process
-    with --update-freq 2, through an epoch's short last update (15 batches, 2 per update), a
-    resume that node 1 gets from node 0, a resume on one process, and back on two nodes."""
+    """Two nodes of one process each equal one process with --update-freq 2, through epochs'
+    short last updates (15 batches, 2 per update): started with c10d rendezvous and a shared save
+    directory, resumed on one process, and back on two nodes (static rendezvous) whose save
+    directories are their own, node 1 getting the checkpoint from node 0."""
     import subprocess
     import sys
 
     data = synthetic_data_dir(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = [sys.executable, *cli_train(data, tmp_path / "node0", "--update-freq", "2", "--max-tokens", "190")]
-    first = two_nodes(tmp_path, data, 6, tmp_path / "w6")
-    assert "node 0 (" in first[0] and "rank 1 = local 0 on cpu" in first[0]
-    resumed = two_nodes(tmp_path, data, 12, tmp_path / "w12")  # node1/ has no checkpoint: node 0 sends it
-    assert "resuming at update 6" in resumed[0]
-    subprocess.run(one + ["--max-updates", "16"], check=True, env=env, timeout=300)
-    two_nodes(tmp_path, data, 20, tmp_path / "w20")
+    first = "".join(two_nodes(tmp_path, data, 6, tmp_path / "w6", c10d=True))
+    assert "node 0 (" in first and "rank 1 = local 0 on cpu" in first
+    subprocess.run(one + ["--max-updates", "13"], check=True, env=env, timeout=300)
+    back = two_nodes(tmp_path, data, 20, tmp_path / "w20")  # node1/ has no checkpoint: node 0 sends it
+    assert "resuming at update 13" in back[0]
     assert not list((tmp_path / "node1").glob("*.pt")), "only global rank 0 writes checkpoints"
-    for weights in ("w6", "w12", "w20"):
+    for weights in ("w6", "w20"):
         rank0, rank1 = (torch.load(tmp_path / weights / f"{rank}.pt") for rank in (0, 1))
         assert all(torch.equal(rank0[key], rank1[key]) for key in rank0), f"the ranks differ after {weights}"
     reference = [sys.executable, *cli_train(data, tmp_path / "one", "--update-freq", "2", "--max-tokens", "190")]

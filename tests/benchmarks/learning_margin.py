@@ -1,6 +1,6 @@
 """How far above its bar `test_learns_to_reverse_sequences` lands on each CPU kernel path.
 
-`python tests/benchmarks/learning_margin.py [--device cpu|cuda] [--paths avx512 avx2 default]`
+`python tests/benchmarks/learning_margin.py [--device cpu|cuda] [--paths avx512 avx2 default] [--max-updates N]`
 trains the test's recipe once per path, in a fresh process with PyTorch's, oneDNN's and MKL's
 kernel selection set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS), and
 prints one JSON line per path: exact match and BLEU of the best and the last checkpoint, fp32
@@ -23,7 +23,7 @@ ISA = {"avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx2": ("avx2", "AVX2", "
        "default": ("default", "SSE41", "SSE4_2")}
 
 
-def one_run(device: str) -> dict:
+def one_run(device: str, max_updates: int | None) -> dict:
     sys.path.insert(0, str(TESTS))
     import dataclasses
 
@@ -45,7 +45,8 @@ def one_run(device: str) -> dict:
     with tempfile.TemporaryDirectory() as work:
         tmp = Path(work)
         data = synthetic_data_dir(tmp, n_train=2000, task="reverse", min_len=3, max_len=10)
-        config = dataclasses.replace(REVERSAL_TRAINING, device=device)
+        config = dataclasses.replace(REVERSAL_TRAINING, device=device,
+                                     max_updates=max_updates or REVERSAL_TRAINING.max_updates)
         TrainingRun(data, tmp / "ck", REVERSAL_MODEL, config, progress_bar=False).run()
         for name in ("best", "last"):
             for quantize in (None, "int8"):
@@ -62,16 +63,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--paths", nargs="*", default=list(ISA), choices=list(ISA))
+    parser.add_argument("--max-updates", type=int, help="fewer updates than the test's (a smoke run)")
     parser.add_argument("--one", action="store_true", help="one run in this process (used by the others)")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(args.device)), flush=True)
+        print(json.dumps(one_run(args.device, args.max_updates)), flush=True)
         return
     for path in args.paths:
         aten, onednn, mkl = ISA[path]
         env = {**os.environ, "ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl}
-        out = subprocess.run([sys.executable, __file__, "--one", "--device", args.device], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        more = ["--max-updates", str(args.max_updates)] if args.max_updates else []
+        out = subprocess.run([sys.executable, __file__, "--one", "--device", args.device, *more], env=env,
+                             check=True, capture_output=True, text=True).stdout
         print(json.dumps({"path": path, **json.loads(out.strip().splitlines()[-1])}), flush=True)
 
 
