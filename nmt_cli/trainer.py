@@ -119,8 +119,13 @@ def set_up_runtime(config: TrainConfig) -> Runtime:
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if not dist.is_initialized():
         # the heartbeat names a lost process at --dist-timeout; the collectives' own limit is the backstop
-        timeout = datetime.timedelta(seconds=config.dist_timeout + 10)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+        timeout = datetime.timedelta(seconds=config.dist_timeout + min(10.0, config.dist_timeout))
+        try:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+        except dist.DistError as e:
+            raise NmtError(f"rank {rank} of {world}: the processes did not all start within --dist-timeout "
+                           f"{config.dist_timeout:g} s (is every node's torchrun running, with the same "
+                           f"--nnodes and rendezvous?): {str(e).splitlines()[0]}") from None
     place = Place.here(rank, local_rank, str(device))
     peers = Heartbeat.joined(place, config.dist_timeout) if "MASTER_ADDR" in os.environ else None
     return Runtime(device, dtype, rank, world, local_rank, peers)

@@ -161,3 +161,21 @@ def test_a_nan_on_one_process_skips_the_update_on_every_process(tmp_path):
         assert [r["unchanged"] for r in results] == [True, True]
         assert [r["changed"] for r in results] == [True, True]
         assert results[0]["then"][2] == 7.0 and results[1]["then"][2] == (0.0 if stands_in else 7.0)  # targets
+
+
+def test_a_process_whose_peers_never_start_ends_with_a_line(monkeypatch):
+    """Rank 0 of 2 whose rank 1 never comes: one line at --dist-timeout (+ its margin), no hang."""
+    import time
+
+    from conftest import free_port
+
+    from nmt_cli.errors import NmtError
+    from nmt_cli.trainer import set_up_runtime
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    with pytest.raises(NmtError, match=r"^rank 0 of 2: the processes did not all start within --dist-timeout 1 s"):
+        set_up_runtime(TrainConfig(device="cpu", dist_timeout=1.0))
+    assert time.monotonic() - started < 10
