@@ -277,12 +277,10 @@ class TrainingRun:
                     if rt.peers:
                         rt.peers.update = p.updates
                     advanced = self.guard.update(self.prefetcher.get(mine or group[:1]), update_tokens,
-                                                 p.updates + 1, counted=bool(mine))
+                                                 counted=bool(mine))
                     p.epoch_updates += 1
-                    if advanced:
-                        p.updates += 1
-                        if p.updates % self.read_every == 0 or p.updates % c.log_interval == 0:
-                            self._read()
+                    if advanced and (p.updates % self.read_every == 0 or p.updates % c.log_interval == 0):
+                        self._read()
                     stop = self._after_update(interrupted, advanced)
                 if stop is None:  # end of epoch
                     self._read()

@@ -41,8 +41,9 @@ from nmt_cli.vocab import PAD_ID
 MAX_SKIPS_IN_A_ROW = 5
 
 
-def learning_rate(step: int, d_model: int, config: TrainConfig, time_spent: float = 0.0) -> float:
-    """Rate for update `step` (1-based); `time_spent` is the share of --max-time already trained.
+def learning_rate(step: float | Tensor, d_model: int, config: TrainConfig, time_spent: float = 0.0) -> float | Tensor:
+    """Rate for update `step` (1-based; a tensor: the device's count, which the host need not
+    wait for); `time_spent` is the share of --max-time already trained.
 
     noam, eq. 3: lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
     inverse-sqrt: lr * step / warmup during warmup, then lr * sqrt(warmup / step).
@@ -51,11 +52,22 @@ def learning_rate(step: int, d_model: int, config: TrainConfig, time_spent: floa
     falls to 0 as training ends.
     """
     if config.lr_schedule == "noam":
-        return config.lr_scale * d_model ** -0.5 * min(step ** -0.5, step * config.warmup ** -1.5)
+        return config.lr_scale * d_model ** -0.5 * lesser(step ** -0.5, step * config.warmup ** -1.5)
     if config.lr_schedule == "linear":
-        spent = max((step - 1) / config.max_updates if config.max_updates else 0.0, time_spent)
-        return config.lr * max(0.0, min(step / config.warmup, 1.0 - spent))
-    return config.lr * min(step / config.warmup, math.sqrt(config.warmup / step))
+        spent = greater((step - 1) / config.max_updates if config.max_updates else 0.0, time_spent)
+        return config.lr * greater(lesser(step / config.warmup, 1.0 - spent), 0.0)
+    return config.lr * lesser(step / config.warmup, (config.warmup / step) ** 0.5)
+
+
+def lesser(a: float | Tensor, b: float | Tensor) -> float | Tensor:
+    """min(a, b) of numbers, or of tensors (without a host wait) where either is one."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+    return min(a, b)
+
+
+def greater(a: float | Tensor, b: float | Tensor) -> float | Tensor:
+    return -lesser(-a, -b)
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -142,10 +154,10 @@ class WeightAverage:
         self.average = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self, step: int, applied: Tensor) -> None:
+    def update(self, step: int | Tensor, applied: Tensor) -> None:
         """Move the average toward the weights after update `step`; `applied` (a device flag, 1 or 0)
         says whether the optimizer changed them, so a skipped update leaves the average as it was."""
-        weight = (1.0 - min(self.decay, (1 + step) / (10 + step))) * applied.float()
+        weight = (1.0 - lesser(self.decay, (1 + step) / (10 + step))) * applied.float()
         # average += weight * (weights - average) as three multi-tensor kernels: lerp takes a device
         # weight only as one tensor per parameter, one kernel each
         step_to_weights = torch._foreach_sub(list(self.params), self.average)
@@ -242,13 +254,17 @@ class Trainer:
         self.average = WeightAverage(model, config.ema_decay) if config.ema_decay else None
         self.time_spent = 0.0  # share of --max-time trained, agreed by all processes (the linear schedule)
 
-    def update(self, batches: list[Batch], update_tokens: int, step: int, counted: bool = True) -> Tensor:
+    def update(self, batches: list[Batch], update_tokens: int, step: int | Tensor, counted: bool = True) -> Tensor:
         """One optimizer step over `batches`, queued: returns the (loss sum, NLL sum, target tokens)
         of the update on the device, read by the caller when it chooses. A non-finite loss sum means
         the step was skipped (the weights, Adam's state and the weight average are as before).
+        `step`: the update's number if it applies (its rate), a device tensor where the host has
+        not read whether the updates before it applied.
         Not `counted`: this process has no share of an epoch's short last update; it runs `batches`
         with weight 0 so that it still takes part in the processes' sum of gradients."""
         self.net.train()
+        if not self.skips_on_device:  # the host reads whether the loss is finite anyway
+            step = int(step)
         if self.config.compile:  # a new update: reduce-overhead's CUDA graphs may reuse the last one's memory
             torch.compiler.cudagraph_mark_step_begin()
         # DDP averages gradients over processes; scaling by `world` makes them sums over all tokens.
@@ -331,48 +347,62 @@ class SkipGuard:
     """Runs Trainer.update, skipping a batch that runs out of memory (one process) or an update
     with a non-finite loss. The updates' loss sums stay on the device until `read`, which reads
     all the pending ones in one host wait. MAX_SKIPS_IN_A_ROW of one kind in a row stop the run
-    with advice: the memory cannot hold such batches, or training diverged."""
+    with advice: the memory cannot hold such batches, or training diverged.
+
+    It owns the count of applied updates (Progress.updates): an update queued counts as applied
+    until the read, which numbers the applied ones in order, so that no number serves twice. The
+    rate of an update comes from the device's own count of those applied before it: the same
+    rates, and the same run, whether the host reads after each update or every few."""
 
     def __init__(self, trainer: Trainer, progress: Progress, log: RunLog) -> None:
         self.trainer, self.progress, self.log = trainer, progress, log
         self.in_a_row = {"oom": 0, "nonfinite": 0}
-        self.pending: list[tuple[int, torch.Tensor, float]] = []  # (update, its loss sums on the device, rate)
+        self.read_count = progress.updates  # applied updates as of the last read
+        self.applied = torch.tensor(float(progress.updates), dtype=torch.float64, device=trainer.runtime.device)
+        self.pending: list[tuple[Tensor, float | Tensor]] = []  # (an update's loss sums on the device, its rate)
 
-    def update(self, batches: list[Batch], update_tokens: int, step: int, counted: bool = True) -> bool:
-        """Queue update `step` (Trainer.update); False when its batch ran out of memory (skipped,
-        nothing pending)."""
+    def update(self, batches: list[Batch], update_tokens: int, counted: bool = True) -> bool:
+        """Queue the next update (Trainer.update); False when its batch ran out of memory
+        (skipped, nothing pending)."""
         try:
-            totals = self.trainer.update(batches, update_tokens, step, counted)
+            totals = self.trainer.update(batches, update_tokens, self.applied + 1, counted)
         except RuntimeError as e:  # CUDA's OutOfMemoryError is one
             if not out_of_memory(e):
                 raise
-            self._out_of_memory(step, "CUDA out of memory" if isinstance(e, torch.cuda.OutOfMemoryError)
-                                else "out of memory")
+            self._out_of_memory(self.progress.updates + 1, "CUDA out of memory"
+                                if isinstance(e, torch.cuda.OutOfMemoryError) else "out of memory")
             return False
         self.in_a_row["oom"] = 0
-        self.pending.append((step, totals, self.trainer.optimizer.param_groups[0]["lr"]))  # the rate applied
+        self.applied += totals[0].isfinite()
+        self.pending.append((totals, self.trainer.optimizer.param_groups[0]["lr"]))  # the rate applied
+        self.progress.updates += 1
         return True
 
     def read(self) -> list[tuple[int, dict[str, float]]]:
         """The pending updates' (update, loss/nll/tokens sums and rate), in one host wait. Those
         with a non-finite loss were skipped on the device: they are logged, counted as skips and
-        left out (Progress.updates is lowered by their number)."""
+        left out of Progress.updates."""
         pending, self.pending = self.pending, []
-        values = torch.stack([totals for _, totals, _ in pending]).tolist() if pending else []
+        device = self.trainer.runtime.device
+        values = torch.stack([torch.cat([totals, torch.as_tensor(rate, dtype=totals.dtype, device=device)[None]])
+                              for totals, rate in pending]).tolist() if pending else []
         for step, before, after in self.trainer.loss_scale_changes:
             change = "overflow, step skipped" if after < before else "stable, grown"
             self.log.log(f"fp16 loss scale {before:g} -> {after:g} at update {step} ({change})")
             self.log.record({"kind": "loss_scale", "update": step, "before": before, "after": after})
         self.trainer.loss_scale_changes.clear()
         done = []
-        for (step, _, rate), (loss, nll, tokens) in zip(pending, values):
+        for loss, nll, tokens, rate in values:
             if math.isfinite(loss):
                 self.in_a_row["nonfinite"] = 0
-                done.append((step, {"loss": loss, "nll": nll, "tokens": tokens, "lr": rate}))
+                self.read_count += 1
+                done.append((self.read_count, {"loss": loss, "nll": nll, "tokens": tokens, "lr": rate}))
                 continue
             self.progress.updates -= 1
-            self._skipped("nonfinite", step, "non-finite loss", "update", "training diverged; lower the learning "
-                          "rate (--lr-scale/--lr), or use --precision bf16/fp32")
+            self.progress.nonfinite_skips += 1
+            self._skipped("nonfinite", self.progress.nonfinite_skips, self.read_count + 1, "non-finite loss",
+                          "update", "training diverged; lower the learning rate (--lr-scale/--lr), or use "
+                          "--precision bf16/fp32")
         return done
 
     def _out_of_memory(self, step: int, what: str) -> None:
@@ -382,13 +412,12 @@ class SkipGuard:
         self.trainer.optimizer.zero_grad(set_to_none=True)
         if runtime.device.type == "cuda":
             torch.cuda.empty_cache()
-        self._skipped("oom", step, what, "batch", f"such batches do not fit; {advice}")
+        self.progress.oom_skips += 1
+        self._skipped("oom", self.progress.oom_skips, step, what, "batch", f"such batches do not fit; {advice}")
 
-    def _skipped(self, kind: str, step: int, what: str, skipped: str, advice: str) -> None:
-        """Count and log a skip (`kind`: oom or nonfinite); the MAX_SKIPS_IN_A_ROW-th of a kind in a
-        row stops the run."""
-        total = getattr(self.progress, f"{kind}_skips") + 1
-        setattr(self.progress, f"{kind}_skips", total)
+    def _skipped(self, kind: str, total: int, step: int, what: str, skipped: str, advice: str) -> None:
+        """Log a skip (`kind`: oom or nonfinite, `total` so far); the MAX_SKIPS_IN_A_ROW-th of a
+        kind in a row stops the run."""
         self.in_a_row[kind] += 1
         self.log.log(f"{what} at update {step}: {skipped} skipped ({total} so far)")
         if self.in_a_row[kind] >= MAX_SKIPS_IN_A_ROW:
