@@ -10,13 +10,14 @@ with weight 0 (Trainer.update).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nmt_cli.config import TrainConfig
-from nmt_cli.data import ParallelData, length_buckets, token_batches
+from nmt_cli.data import ParallelData, length_buckets, shuffled, token_batches
 from nmt_cli.datadir import DataDir
 from nmt_cli.errors import NmtError
 from nmt_cli.trainer import Runtime
@@ -69,17 +70,45 @@ def load_splits(data: DataDir, config: TrainConfig, pad_multiple: int, max_posit
     return train, valid, batches, valid_batches, samples, buckets
 
 
-def updates_in_epoch(batches: int, runtime: Runtime, update_freq: int) -> int:
-    """An epoch's updates: every batch is trained, the last update taking what is left."""
-    return -(-batches // (runtime.world * update_freq))
+@dataclass(frozen=True)
+class Update:
+    """One update of an epoch: its batches on all processes, this process's share (a stand-in
+    batch where it has none: not `counted`), and the target tokens of all of them."""
+
+    group: list[np.ndarray]
+    mine: list[np.ndarray]
+    counted: bool
+    tokens: int
 
 
-def share(order: list[np.ndarray], update: int, runtime: Runtime,
-          update_freq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The batches of update `update` of the epoch on all processes, and this process's share
-    (empty for some processes in an epoch's short last update)."""
-    group = order[update * runtime.world * update_freq:(update + 1) * runtime.world * update_freq]
-    return group, group[runtime.rank * update_freq:(runtime.rank + 1) * update_freq]
+class EpochPlan:
+    """Which batches update u of epoch e takes, on every process and on this one: the training
+    split, or in turn each of its sampled segmentations (subword regularization), their batches
+    in each epoch's seeded order, and this process's share."""
+
+    def __init__(self, train: ParallelData, batches: list[np.ndarray], samples: list[tuple[ParallelData, list]],
+                 seed: int, runtime: Runtime, update_freq: int) -> None:
+        self.train, self.batches, self.samples, self.seed = train, batches, samples, seed
+        self.runtime, self.update_freq = runtime, update_freq
+        self._order: tuple[int, list[np.ndarray]] | None = None  # the last epoch's order, reused
+
+    def split(self, epoch: int) -> tuple[ParallelData, list[np.ndarray]]:
+        """The segmentation that epoch `epoch` (1-based) trains on, and its batches."""
+        return self.samples[(epoch - 1) % len(self.samples)] if self.samples else (self.train, self.batches)
+
+    def updates(self, epoch: int) -> int:
+        """An epoch's updates: every batch is trained, the last update taking what is left."""
+        return -(-len(self.split(epoch)[1]) // (self.runtime.world * self.update_freq))
+
+    def update(self, epoch: int, u: int) -> Update:
+        """Update `u` (0-based) of epoch `epoch`: its batches on all processes and this one's."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = epoch, shuffled(self.split(epoch)[1], self.seed, epoch)
+        size, rank = self.runtime.world * self.update_freq, self.runtime.rank
+        group = self._order[1][u * size:(u + 1) * size]
+        mine = group[rank * self.update_freq:(rank + 1) * self.update_freq]
+        tokens = int(sum(self.split(epoch)[0].tgt_lengths[b].sum() for b in group))
+        return Update(group, mine or group[:1], bool(mine), tokens)
 
 
 def same_updates(saved: dict[str, Any], now: dict[str, Any]) -> bool:

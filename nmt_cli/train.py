@@ -23,10 +23,10 @@ import torch
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import SearchConfig, TrainConfig
-from nmt_cli.data import ParallelData, Prefetcher, shapes_and_padding, shuffled
+from nmt_cli.data import ParallelData, Prefetcher, shapes_and_padding
 from nmt_cli.datadir import DataDir
 from nmt_cli.device import out_of_memory
-from nmt_cli.epochs import load_splits, same_updates, share, updates_in_epoch
+from nmt_cli.epochs import EpochPlan, load_splits, same_updates
 from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries
 from nmt_cli.generator import Generator
@@ -140,8 +140,9 @@ class TrainingRun:
                      "pairs": {name: split["pairs_out"] for name, split in data.meta["splits"].items()}}
         src_vocab, tgt_vocab = data.vocabularies()
         self.pad_multiple = 8 if self.runtime.device.type == "cuda" else 1
-        self.train, self.valid, self.batches, self.valid_batches, self.samples, self.buckets = load_splits(
+        self.train, self.valid, self.batches, self.valid_batches, samples, self.buckets = load_splits(
             data, config, self.pad_multiple, model_config.max_positions)
+        self.plan = EpochPlan(self.train, self.batches, samples, config.seed, self.runtime, config.update_freq)
         self.prefetcher = Prefetcher(self.train, self.pad_multiple, background=self.runtime.device.type == "cuda",
                                      buckets=self.buckets)
         self.log = RunLog(self.save_dir, self.runtime.main, config.tensorboard, progress_bar)
@@ -164,6 +165,9 @@ class TrainingRun:
         else:
             torch.manual_seed(config.seed + self.runtime.rank)  # dropout differs per process
         self.resumed = state is not None
+        self.guard, self.read_every = SkipGuard(self.trainer, self.progress, self.log), steps_between_reads(
+            self.runtime.device)
+        self.started = self.last_save = time.monotonic()  # again when the run starts
 
     def ending_on_loss(self) -> contextlib.AbstractContextManager:
         """With several processes: a lost one ends this one with a line (peers.Heartbeat)."""
@@ -259,25 +263,19 @@ class TrainingRun:
         handlers = {sig: signal.signal(sig, lambda n, _f: interrupted.append(n))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         self.log.start(c.max_updates, p.updates, c.max_time * 60 if c.max_time else None, self.elapsed())
-        self.guard, self.read_every = SkipGuard(self.trainer, p, self.log), steps_between_reads(rt.device)
         self._clock(p.elapsed_s)
         stop: Stop | None = None
         try:
             while stop is None:
-                if self.samples:  # each epoch trains on one of the sampled segmentations, in turn
-                    self.train, self.batches = self.samples[(p.epoch - 1) % len(self.samples)]
-                    self.prefetcher.data = self.train
-                order = shuffled(self.batches, c.seed, p.epoch)
-                in_epoch = updates_in_epoch(len(order), rt, c.update_freq)
+                self.prefetcher.data = self.plan.split(p.epoch)[0]
+                in_epoch = self.plan.updates(p.epoch)
                 while p.epoch_updates < in_epoch and stop is None:
-                    group, mine = share(order, p.epoch_updates, rt, c.update_freq)
+                    update = self.plan.update(p.epoch, p.epoch_updates)
                     if p.epoch_updates + 1 < in_epoch:
-                        self.prefetcher.prefetch(share(order, p.epoch_updates + 1, rt, c.update_freq)[1])
-                    update_tokens = int(sum(self.train.tgt_lengths[b].sum() for b in group))
+                        self.prefetcher.prefetch(self.plan.update(p.epoch, p.epoch_updates + 1).mine)
                     if rt.peers:
                         rt.peers.update = p.updates
-                    advanced = self.guard.update(self.prefetcher.get(mine or group[:1]), update_tokens,
-                                                 counted=bool(mine))
+                    advanced = self.guard.update(self.prefetcher.get(update.mine), update.tokens, update.counted)
                     p.epoch_updates += 1
                     if advanced and (p.updates % self.read_every == 0 or p.updates % c.log_interval == 0):
                         self._read()

@@ -159,9 +159,11 @@ def test_training_takes_a_sampled_segmentation_per_epoch_and_resumes_exactly(cor
         return run
 
     straight = train(tmp_path / "straight", max_epochs=3)
-    assert straight.train is straight.samples[0][0]  # epoch 3 of 2 samples: the first again
-    resumed = train(tmp_path / "resumed", max_updates=len(straight.samples[0][1]) + 3)  # stop inside epoch 2
-    assert resumed.train is resumed.samples[1][0]
+    samples = straight.plan.samples
+    assert len(samples) == 2 and straight.plan.split(3) == straight.plan.split(1) != straight.plan.split(2)
+    assert straight.prefetcher.data is samples[0][0]  # epoch 3 of 2 samples: the first again
+    resumed = train(tmp_path / "resumed", max_updates=len(samples[0][1]) + 3)  # stop inside epoch 2
+    assert resumed.prefetcher.data is resumed.plan.samples[1][0]
     train(tmp_path / "resumed", max_epochs=3)
     a = ckpt.load(tmp_path / "straight/checkpoint_last.pt")["model"]
     b = ckpt.load(tmp_path / "resumed/checkpoint_last.pt")["model"]

@@ -581,13 +581,14 @@ def test_max_time_stops_training_with_a_final_validation_and_checkpoint(tmp_path
 
 
 def test_fp16_loss_scale_changes_are_reported(tmp_path, capsys):
-    from nmt_cli.trainer import Runtime, Trainer
+    from nmt_cli.trainer import Runtime, SkipGuard, Trainer
 
     data = synthetic_data_dir(tmp_path)
     run = run_training(data, tmp_path / "ck", max_updates=3)
     # fp16 autocast with a GradScaler, on CPU; a huge initial scale overflows the fp16 backward.
     run.trainer = Trainer(run.model, run.config, Runtime(torch.device("cpu"), torch.float16))
     run.trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 60)
+    run.guard = SkipGuard(run.trainer, run.progress, run.log)
     run.run()
     assert "fp16 loss scale 1.15292e+18 -> 5.76461e+17 at update 1 (overflow, step skipped)" in capsys.readouterr().err
     records = [json.loads(line) for line in (tmp_path / "ck/train_log.jsonl").read_text().splitlines()]
