@@ -21,8 +21,9 @@ from nmt_cli.config import TrainConfig
 from nmt_cli.data import shapes_and_padding
 from nmt_cli.errors import NmtError
 from nmt_cli.savedir import numbered
+from nmt_cli.schedule import learning_rate
 from nmt_cli.train import TrainingRun
-from nmt_cli.trainer import label_smoothed_loss, learning_rate
+from nmt_cli.trainer import label_smoothed_loss
 from nmt_cli.vocab import PAD_ID
 
 
@@ -31,6 +32,19 @@ def params(save_dir, name="checkpoint_last.pt"):
 
 
 # ---------------------------------------------------------------------------- the paper's formulas
+
+@pytest.mark.parametrize("config", [TrainConfig(), TrainConfig(lr_schedule="inverse-sqrt", warmup=10),
+                                    TrainConfig(lr_schedule="linear", warmup=10, max_updates=100)],
+                         ids=["noam", "inverse-sqrt", "linear"])
+def test_a_rate_from_the_devices_count_is_the_hosts(config):
+    """The rate of a step given as a device tensor (the count of applied updates, not yet read)
+    is the rate of that step as a number, in every schedule, --max-time's share included."""
+    for step in (1, 5, 10, 50, 100, 150):
+        for spent in (0.0, 0.3, 0.99):
+            on_device = learning_rate(torch.tensor(float(step), dtype=torch.float64), 512, config, spent)
+            assert isinstance(on_device, torch.Tensor)
+            assert on_device.item() == pytest.approx(learning_rate(step, 512, config, spent), rel=1e-12, abs=0)
+
 
 @pytest.mark.parametrize("step", [1, 4000, 16000])
 def test_noam_rate_is_equation_3(step):
