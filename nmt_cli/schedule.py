@@ -33,7 +33,7 @@ def learning_rate(step: float | Tensor, d_model: int, config: TrainConfig, time_
 def lesser(a: float | Tensor, b: float | Tensor) -> float | Tensor:
     """min(a, b) of numbers, or of tensors (without a host wait) where either is one."""
     if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+        return torch.minimum(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64))
     return min(a, b)
 
 

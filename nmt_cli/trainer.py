@@ -129,7 +129,8 @@ class WeightAverage:
     def update(self, step: int | Tensor, applied: Tensor) -> None:
         """Move the average toward the weights after update `step`; `applied` (a device flag, 1 or 0)
         says whether the optimizer changed them, so a skipped update leaves the average as it was."""
-        weight = (1.0 - lesser(self.decay, (1 + step) / (10 + step))) * applied.float()
+        keep = torch.as_tensor(lesser(self.decay, (1 + step) / (10 + step)), dtype=torch.float32, device=applied.device)
+        weight = (1.0 - keep) * applied.float()
         # average += weight * (weights - average) as three multi-tensor kernels: lerp takes a device
         # weight only as one tensor per parameter, one kernel each
         step_to_weights = torch._foreach_sub(list(self.params), self.average)
@@ -254,6 +255,8 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return totals
         rate = learning_rate(step, self.d_model, self.config, self.time_spent)
+        if isinstance(rate, Tensor):  # fused Adam reads a tensor rate as float32, on the parameters' device
+            rate = rate.float()
         for group in self.optimizer.param_groups:
             group["lr"] = rate
         if self.config.clip_norm > 0:
