@@ -1,7 +1,7 @@
-"""Is stop + resume bit-identical across CPU kernel paths? `python tests/benchmarks/resume_paths.py`
+"""Is stop + resume bit-identical across CPU kernel paths? `python tests/benchmarks/resume_paths.py [--updates 30]`
 
 Trains a 2+2-layer model for 30 updates on one thread: straight through under AVX-512 and under
-AVX2, stopped at 15 and resumed on the same path, and stopped under AVX-512 then resumed under
+AVX2, stopped halfway and resumed on the same path, and stopped under AVX-512 then resumed under
 AVX2 (kernel paths chosen by ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS),
 and prints, per pair of runs, whether the final parameters are bit-identical or their largest
 difference. On a CPU without AVX-512 both paths are AVX2.
@@ -9,6 +9,7 @@ difference. On a CPU without AVX-512 both paths are AVX2.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -36,12 +37,15 @@ def train(data: Path, save_dir: Path, updates: int, path: str) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--updates", type=int, default=30, help="updates of each run (stopped at half)")
+    n = parser.parse_args().updates
     with tempfile.TemporaryDirectory() as work:
         tmp = Path(work)
         data = synthetic_data_dir(tmp)
-        runs = {"straight avx512": [(30, "avx512")], "straight avx2": [(30, "avx2")],
-                "avx512 resumed on avx512": [(15, "avx512"), (30, "avx512")],
-                "avx512 resumed on avx2": [(15, "avx512"), (30, "avx2")]}
+        runs = {"straight avx512": [(n, "avx512")], "straight avx2": [(n, "avx2")],
+                "avx512 resumed on avx512": [(n // 2, "avx512"), (n, "avx512")],
+                "avx512 resumed on avx2": [(n // 2, "avx512"), (n, "avx2")]}
         params = {}
         for i, (name, steps) in enumerate(runs.items()):
             for updates, path in steps:
