@@ -379,7 +379,7 @@ def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], to
           paper_lang: str | None, as_json: bool) -> None:
     """Corpus BLEU, chrF and TER with sacreBLEU's signature."""
     from nmt_cli.lines import decode_lines
-    from nmt_cli.score import check_lengths, corpus_scores, paper_bleu
+    from nmt_cli.score import bpe_warning, check_lengths, corpus_scores, paper_bleu
 
     hyp_name = str(hyp) if hyp else "<stdin>"
     with open(hyp, "rb") if hyp else sys.stdin.buffer as stream:
@@ -389,6 +389,8 @@ def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], to
         with open(ref, "rb") as stream:
             references.append(list(decode_lines(stream, str(ref))))
     check_lengths(hypotheses, hyp_name, references, [str(r) for r in refs])
+    if (warning := bpe_warning(hypotheses, hyp_name)) is not None:
+        click.echo(warning, err=True)
     results = corpus_scores(hypotheses, references, metrics, tokenize, lowercase)
     if paper_lang:
         results.append(paper_bleu(hypotheses, references, paper_lang))

@@ -64,6 +64,8 @@ def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> No
         finally:
             if bar:
                 logging.enable_progress_bar()
+        # transformers writes the weights readable by their owner alone: as readable as its config
+        (tmp / "model.safetensors").chmod((tmp / "config.json").stat().st_mode & 0o777)
         _tokenizer_files(bundle, tmp)
         text_files(bundle, tmp)
         (tmp / "README.md").write_text(model_card(bundle, checkpoint, source.name), encoding="utf-8")

@@ -45,7 +45,8 @@ def last_checkpoints(save_dir: Path, n: int) -> list[Path]:
     """The `n` numbered checkpoints of `save_dir` with the highest update numbers."""
     found = numbered(save_dir)
     if len(found) < n:
-        raise NmtError(f"{save_dir}: {len(found)} numbered checkpoint(s) found, fewer than --last {n}")
+        advice = f"; --last {len(found)} averages them" if found else ""
+        raise NmtError(f"{save_dir}: {len(found)} numbered checkpoint(s) found, fewer than --last {n}{advice}")
     return [path for _, path in found[-n:]]
 
 

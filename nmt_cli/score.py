@@ -39,6 +39,16 @@ def check_lengths(hypotheses: Sequence[str], hyp_name: str, references: Sequence
             raise NmtError(f"{hyp_name} has {len(hypotheses)} lines but {name} has {len(ref)}: line counts differ")
 
 
+def bpe_warning(hypotheses: Sequence[str], hyp_name: str) -> str | None:
+    """A warning when the hypotheses still hold subword-nmt's joining markers (`@@ `): BLEU of
+    subwords is not BLEU of words."""
+    marked = next((n for n, line in enumerate(hypotheses, 1) if "@@ " in line or line.endswith("@@")), None)
+    if marked is None:
+        return None
+    return (f"warning: {hyp_name} line {marked} holds BPE markers ('@@ '): this scores subwords, not words; "
+            "score nmt translate's output, or remove them first: sed -r 's/(@@ )|(@@ ?$)//g'")
+
+
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu",),
                   tokenize: str | None = None, lowercase: bool = False) -> list[Score]:
     """sacreBLEU's corpus scores of detokenized `hypotheses` against one or more reference streams."""

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -36,6 +36,17 @@ LOAD_OPTIONS = ("device", "precision", "threads", "quantize", "cuda_graphs", "ma
                 "input_format", "output_format")
 
 
+def one_line(line: str, prefix: str | None, constraints: list[str] | None,
+             avoid: list[str] | None) -> tuple[list[str], list[str] | None, list[list[str]] | None,
+                                                list[list[str]] | None]:
+    """One line's arguments as those of a list of one line."""
+    for name, given in (("constraints", constraints), ("avoid", avoid)):
+        if isinstance(given, str):
+            raise NmtError(f"{name}: a list of phrases for one line, not a str ({given!r})")
+    return ([line], None if prefix is None else [prefix], None if constraints is None else [constraints],
+            None if avoid is None else [avoid])
+
+
 def model_search(bundle: ModelBundle, given: dict[str, Any]) -> SearchConfig:
     """The search options `given`, the others those the model is run with: an imported model's
     release settings (`nmt import`), else nmt-cli's defaults."""
@@ -52,7 +63,7 @@ class Translator:
         for other in bundles[1:]:
             if other.tgt_vocab != first.tgt_vocab or other.src_vocab != first.src_vocab:
                 raise NmtError("ensemble members must share their vocabularies")
-        self.config, self.device, self.bundle = config, device, first
+        self.config, self.device, self.dtype, self.bundle, self.members = config, device, dtype, first, len(bundles)
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
         self.generator = Generator([b.model for b in bundles], device, dtype, max_tokens=config.max_tokens,
                                    batch_size=config.batch_size, never=first.never, joining=joining_ids(first),
@@ -97,20 +108,46 @@ class Translator:
             raise NmtError(str(e)) from None
         return config
 
+    def __repr__(self) -> str:
+        search = self.config.search
+        how = "sampling" if search.sampling else f"beam {search.beam}, lenpen {search.lenpen:g}"
+        return f"Translator({self.members} model(s), {self.device} {str(self.dtype).removeprefix('torch.')}, {how})"
+
+    @overload
+    def translate(self, lines: str, prefixes: str | None = None, constraints: list[str] | None = None,
+                  avoid: list[str] | None = None, **search: Any) -> str: ...
+
+    @overload
     def translate(self, lines: list[str], prefixes: list[str] | None = None,
                   constraints: list[list[str]] | None = None, avoid: list[list[str]] | None = None,
-                  **search: Any) -> list[str]:
+                  **search: Any) -> list[str]: ...
+
+    def translate(self, lines: str | list[str], prefixes: Any = None, constraints: Any = None, avoid: Any = None,
+                  **search: Any) -> str | list[str]:
         """The best translation of each line (an empty line: an empty one), each starting with its
         prefix when given, holding each of its `constraints` (phrases, in any order) and none of
         the phrases it should `avoid`; `search`: beam, lenpen, max_len_a, sampling, seed, ... for
-        this call."""
+        this call. One line (a str, with its own prefix and phrases) gives one translation."""
+        if isinstance(lines, str):
+            return self.translate(*one_line(lines, prefixes, constraints, avoid), **search)[0]
         return [nbest[0].text if nbest else ""
                 for nbest in self.hypotheses(lines, prefixes, constraints, avoid, **search)]
 
+    @overload
+    def hypotheses(self, lines: str, prefixes: str | None = None, constraints: list[str] | None = None,
+                   avoid: list[str] | None = None, **search: Any) -> list[Translation]: ...
+
+    @overload
     def hypotheses(self, lines: list[str], prefixes: list[str] | None = None,
                    constraints: list[list[str]] | None = None, avoid: list[list[str]] | None = None,
-                   **search: Any) -> list[list[Translation]]:
-        """Each line's `nbest` translations (or samples), best first, with their scores."""
+                   **search: Any) -> list[list[Translation]]: ...
+
+    def hypotheses(self, lines: str | list[str], prefixes: Any = None, constraints: Any = None, avoid: Any = None,
+                   **search: Any) -> list[Translation] | list[list[Translation]]:
+        """Each line's `nbest` translations (or samples), best first, with their scores; one line
+        (a str) gives its own list."""
+        if isinstance(lines, str):
+            return self.hypotheses(*one_line(lines, prefixes, constraints, avoid), **search)[0]
         _, found = self.search(lines, self.search_config(**search), prefixes, reseed="seed" in search,
                                constraints=constraints, avoid=avoid)
         return [[self.translation(h) for h in hyps] for hyps in found]

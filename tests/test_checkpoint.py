@@ -133,7 +133,7 @@ def test_last_n_by_update_number_not_file_time(tmp_path):
         tiny_checkpoint(tmp_path / f"checkpoint_{n}.pt")
     os.utime(tmp_path / "checkpoint_4.pt", (4e9, 4e9))  # newest file, oldest update
     assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["checkpoint_100.pt", "checkpoint_300.pt"]
-    with pytest.raises(NmtError, match="4 numbered checkpoint.*fewer than --last 5"):
+    with pytest.raises(NmtError, match=r"4 numbered checkpoint.*fewer than --last 5; --last 4 averages them$"):
         last_checkpoints(tmp_path, 5)
 
 

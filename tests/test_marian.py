@@ -125,6 +125,8 @@ def test_generation_defaults_are_ours(exported):
 def test_the_model_card_says_what_the_model_is_and_was_trained_on(exported):
     tmp, bundle, _ = exported
     card = (tmp / "hf/README.md").read_text()
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp / "hf").iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as every other file
     params = sum(p.numel() for p in {id(p): p for p in bundle.model.parameters()}.values())
     assert card.startswith("---\nlicense: other") and "language:\n- src\n- tgt\n" in card
     assert f"{params:,} parameters" in card and "2 encoder and 2 decoder layers, d_model 32" in card

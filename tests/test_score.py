@@ -68,3 +68,14 @@ def test_paper_bleu_is_labelled_and_splits_compounds(tmp_path):
                  ["The cat sat on the well-known mat .", "A dog runs .", "Two men are talking"]]
     refs = [split_compounds(s) for s in ["The cat sat on the well-known mat .", "A dog is running .", "Two men talk ."]]
     assert paper["score"] == round(sacrebleu.corpus_bleu(tokenized, [refs], tokenize="none", force=True).score, 4)
+
+
+def test_bpe_markers_in_the_hypotheses_are_warned_once_and_still_scored(tmp_path):
+    marked = ["The cat sat on the well-@@ known mat.", "A dog runs.", "Two men are talk@@"]
+    result = score(tmp_path, "--json", hyp=marked)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: {tmp_path / 'hyp'} line 1 holds BPE markers ('@@ '): this scores subwords, not "
+                        "words; score nmt translate's output, or remove them first: sed -r 's/(@@ )|(@@ ?$)//g'"]
+    assert json.loads(result.stdout)["score"] == round(sacrebleu.corpus_bleu(marked, [REF]).score, 4)
+    assert "warning" not in score(tmp_path, "--json").stderr  # no markers, no warning

@@ -34,6 +34,25 @@ def test_translate_answers_as_the_command_line_does(model_path):
     assert ensemble.translate(LINES) == cli(model_path, "-m", model_path, "--beam", 3)
 
 
+def test_one_line_in_gives_one_out_with_its_own_prefix_and_phrases(model_path):
+    """A str is one line (fairseq hub's habit), not a list of characters; a list stays a list."""
+    import nmt_cli
+
+    translator = Translator.load(model_path, device="cpu", beam=3)
+    assert translator.translate("p o n m l k") == translator.translate(["p o n m l k"])[0]
+    assert translator.translate("") == ""
+    assert translator.translate("a b c d", prefixes="a") == translator.translate(["a b c d"], prefixes=["a"])[0]
+    assert (translator.translate("a b c d", constraints=["p o"], avoid=["a"])
+            == translator.translate(["a b c d"], constraints=[["p o"]], avoid=[["a"]])[0])
+    one = translator.hypotheses("c c c", nbest=2)
+    assert isinstance(one, list) and all(isinstance(h, nmt_cli.Translation) for h in one)
+    assert one == translator.hypotheses(["c c c"], nbest=2)[0]
+    with pytest.raises(NmtError, match=r"^constraints: a list of phrases for one line, not a str \('p o'\)$"):
+        translator.translate("a b c d", constraints="p o")
+    assert repr(translator) == "Translator(1 model(s), cpu float32, beam 3, lenpen 0.6)"
+    assert isinstance(translator.score(["a b"], ["b a"])[0], nmt_cli.Scored)
+
+
 def test_hypotheses_come_best_first_with_their_scores(model_path):
     nbest = Translator.load(model_path, device="cpu").hypotheses(LINES, beam=4, nbest=3)
     assert [len(n) for n in nbest] == [3, 0, 3, 3, 3, 3, 3]
