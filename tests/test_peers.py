@@ -38,6 +38,7 @@ def wait_for(condition, seconds: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # waits out time-outs
 def test_a_process_that_stops_beating_is_named_by_the_others_after_the_timeout():
     _, beats, losses = beating()
     time.sleep(0.3)
@@ -55,6 +56,7 @@ def test_a_process_that_stops_beating_is_named_by_the_others_after_the_timeout()
         beat.close()
 
 
+@pytest.mark.slow  # waits out time-outs
 def test_a_process_that_ends_its_run_is_not_lost():
     _, beats, losses = beating()
     beats[2].close()
@@ -64,6 +66,7 @@ def test_a_process_that_ends_its_run_is_not_lost():
         beat.close()
 
 
+@pytest.mark.slow  # waits out time-outs
 def test_a_store_that_stops_answering_means_node_0_is_gone(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
@@ -76,6 +79,7 @@ def test_a_store_that_stops_answering_means_node_0_is_gone(monkeypatch):
                                                     "for 0.6 s (--dist-timeout): node 0 is gone") for _, line in losses)
 
 
+@pytest.mark.slow  # waits out time-outs
 def test_a_failed_collective_ends_with_the_verdict_or_says_none_is_silent():
     _, beats, losses = beating()
     beats[1].stopped.set()

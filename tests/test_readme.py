@@ -39,7 +39,8 @@ def test_the_python_api_examples_run(tmp_path, monkeypatch, capsys):
     write_lines(tmp_path / "test.en", ["A man rides .", "Two dogs ."] * 3)
     exec(compile(example, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 1 + 3 + 2 + 1 + 6  # translations, 3-best, prefix, sample, score, the file's 6 lines
+    assert len(printed) == 2 + 3 + 2 + 1 + 6  # translations (a list, one str), 3-best, prefix, sample, score, 6 lines
+    assert printed[0].startswith("[") and not printed[1].startswith("[")  # a list gives a list, a str a str
 
 
 @pytest.mark.slow

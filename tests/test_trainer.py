@@ -163,6 +163,7 @@ def test_a_nan_on_one_process_skips_the_update_on_every_process(tmp_path):
         assert results[0]["then"][2] == 7.0 and results[1]["then"][2] == (0.0 if stands_in else 7.0)  # targets
 
 
+@pytest.mark.slow
 def test_a_process_whose_peers_never_start_ends_with_a_line(monkeypatch):
     """Rank 0 of 2 whose rank 1 never comes: one line at --dist-timeout (+ its margin), no hang."""
     import time
