@@ -5,7 +5,10 @@ came: a flag (flags.py), a request (serve.py), a saved config, the Python API.""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
+import typing
 from collections.abc import Callable, Collection
 from dataclasses import field
 from pathlib import Path
@@ -40,10 +43,36 @@ def knob_problem(value: Any, meta: Any) -> str | None:
     return None
 
 
+TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def type_problem(value: Any, hint: Any) -> str | None:
+    """What is wrong with the type of `value` for a field annotated `hint` (None: nothing): an
+    int is a number too, a bool is neither; other annotations (paths, tuples, configs) pass."""
+    union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    kinds = typing.get_args(hint) if union else (hint,)
+    if value is None:
+        return None if type(None) in kinds else "expected a value, not None"
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    for kind in kinds:
+        if kind not in TYPE_NAMES or isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) \
+                or kind is float and numeric:
+            return None
+    return "expected " + " or ".join(TYPE_NAMES[kind] for kind in kinds if kind in TYPE_NAMES)
+
+
+@functools.cache
+def type_hints(config_class: type) -> dict[str, Any]:
+    return typing.get_type_hints(config_class)
+
+
 def check_knobs(config: Any) -> None:
-    """Validate every field of a config dataclass against its range and choices."""
+    """Validate every field of a config dataclass against its type, range and choices."""
+    hints = type_hints(type(config))
     for f in dataclasses.fields(config):
         values = getattr(config, f.name)
+        if (problem := type_problem(values, hints[f.name])) is not None:
+            raise ValueError(f"{f.name}={values!r}: {problem}")
         for value in values if isinstance(values, tuple) else (values,):
             if (problem := knob_problem(value, f.metadata)) is not None:
                 raise ValueError(f"{f.name}={value!r}: {problem}")

@@ -47,6 +47,18 @@ def one_line(line: str, prefix: str | None, constraints: list[str] | None,
             None if avoid is None else [avoid])
 
 
+def checked_lines(lines: Any, what: str = "lines", first_number: int = 1) -> list[str]:
+    """`lines` as a list of str, or an NmtError naming what is not one (a file opened in binary
+    mode gives bytes)."""
+    if not isinstance(lines, (list, tuple)):
+        raise NmtError(f"{what}: expected a list of str (or one str), got {type(lines).__name__}")
+    for number, line in enumerate(lines, first_number):
+        if not isinstance(line, str):
+            hint = " (open files in text mode: open(path, encoding='utf-8'))" if isinstance(line, bytes) else ""
+            raise NmtError(f"{what}: line {number} is {type(line).__name__}, not str{hint}")
+    return list(lines)
+
+
 def model_search(bundle: ModelBundle, given: dict[str, Any]) -> SearchConfig:
     """The search options `given`, the others those the model is run with: an imported model's
     release settings (`nmt import`), else nmt-cli's defaults."""
@@ -157,7 +169,10 @@ class Translator:
         holding `chunk_lines` lines at a time."""
         config = self.search_config(**search)
         count = 0
-        for chunk in chunks((line.rstrip("\n") for line in lines), chunk_lines):
+        if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
+            raise NmtError(f"lines: expected an iterable of lines (a list, a text file), got {type(lines).__name__}")
+        for chunk in chunks(lines, chunk_lines):
+            chunk = [line.rstrip("\n") for line in checked_lines(chunk, "lines", count + 1)]
             _, found = self.search(chunk, config, first_number=count + 1, reseed="seed" in search and count == 0)
             yield from (self.pipeline.text(hyps[0].tokens) if hyps else "" for hyps in found)
             count += len(chunk)
@@ -165,8 +180,10 @@ class Translator:
     def score(self, sources: list[str], targets: list[str], first_number: int = 1) -> list[Scored]:
         """The model's log-probability of each target given its source (fairseq's
         --score-reference, CTranslate2's score_batch): to filter a corpus, or rerank."""
+        sources = checked_lines(sources, "sources", first_number)
+        targets = checked_lines(targets, "targets", first_number)
         if len(sources) != len(targets):
-            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+            raise NmtError(f"{len(sources)} sources but {len(targets)} targets")
         source_ids = [self.pipeline.source_ids(line, first_number + k) for k, line in enumerate(sources)]
         target_ids = [self.pipeline.target_ids(line, first_number + k, "reference") for k, line in enumerate(targets)]
         search = self.config.search
@@ -180,6 +197,7 @@ class Translator:
         """The source ids of `lines` and their hypotheses; lines are numbered from `first_number`
         in warnings. Samples continue the translator's random stream, or with `reseed`, start one
         from `config.seed` (a seed given for one call repeats its samples)."""
+        lines = checked_lines(lines, "lines", first_number)
         for name, given in (("prefixes", prefixes), ("constraints", constraints), ("avoid", avoid)):
             if given is not None and len(given) != len(lines):
                 raise ValueError(f"{len(lines)} lines but {len(given)} {name}")

@@ -2,6 +2,8 @@
 prefixes, sampling, iteration in bounded memory, and scores of given targets that equal the
 log-probabilities the search gives its hypotheses."""
 
+import re
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -51,6 +53,34 @@ def test_one_line_in_gives_one_out_with_its_own_prefix_and_phrases(model_path):
         translator.translate("a b c d", constraints="p o")
     assert repr(translator) == "Translator(1 model(s), cpu float32, beam 3, lenpen 0.6)"
     assert isinstance(translator.score(["a b"], ["b a"])[0], nmt_cli.Scored)
+
+
+def test_what_is_not_a_line_or_an_option_is_refused_naming_it(model_path, tmp_path):
+    """Wrong types are caught where they enter, in one NmtError naming the option or the line,
+    not inside torch."""
+    translator = Translator.load(model_path, device="cpu")
+    for options, message in (({"beam": 4.0}, "beam=4.0: expected an integer"),
+                             ({"beam": True}, "beam=True: expected an integer"),
+                             ({"sampling": "yes"}, "sampling='yes': expected true or false"),
+                             ({"lenpen": "1"}, "lenpen='1': expected a number")):
+        with pytest.raises(NmtError, match=f"^{re.escape(message)}$"):
+            translator.translate("a b", **options)
+        with pytest.raises(NmtError, match=f"^{re.escape(message)}$"):
+            Translator.load(model_path, device="cpu", **options)
+    assert translator.translate("a b", lenpen=1) == translator.translate("a b", lenpen=1.0)  # an int is a number
+    (tmp_path / "in.txt").write_text("a b\nc d\n")
+    for lines, message in ((None, "lines: expected a list of str (or one str), got NoneType"),
+                           (["a", None], "lines: line 2 is NoneType, not str"),
+                           ([3], "lines: line 1 is int, not str")):
+        with pytest.raises(NmtError, match=f"^{re.escape(message)}$"):
+            translator.translate(lines)
+    with open(tmp_path / "in.txt", "rb") as binary, pytest.raises(NmtError, match=r"^lines: line 1 is bytes, not str "
+                                                                 r"\(open files in text mode"):
+        list(translator.translate_iter(binary))
+    with pytest.raises(NmtError, match="^lines: expected an iterable of lines .* got NoneType$"):
+        list(translator.translate_iter(None))
+    with pytest.raises(NmtError, match="^targets: line 1 is bytes, not str"):
+        translator.score(["a b"], [b"b a"])
 
 
 def test_hypotheses_come_best_first_with_their_scores(model_path):
@@ -115,7 +145,7 @@ def test_scores_of_given_targets_are_the_searchs_log_probabilities(model_path):
     ensemble = Translator.load(model_path, model_path, device="cpu", input_format="bpe", output_format="bpe")
     assert [s.log_prob for s in ensemble.score(sources, [h.text for h in best])] == pytest.approx(
         [s.log_prob for s in scored], abs=1e-5)
-    with pytest.raises(ValueError, match="2 sources but 1 targets"):
+    with pytest.raises(NmtError, match="2 sources but 1 targets"):
         translator.score(["a", "b"], ["c"])
 
 
