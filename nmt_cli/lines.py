@@ -15,6 +15,15 @@ from typing import IO, Any
 from nmt_cli.errors import NmtError
 
 
+def line_count(path: Path) -> int:
+    """The lines of a file (a last line without its newline counts too), read in blocks."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as stream:
+        while block := stream.read(1 << 20):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
+
+
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
     """Lines of a binary stream without their newline; invalid UTF-8 is an error naming the line.
 

@@ -25,7 +25,7 @@ from nmt_cli.device import select as select_device
 from nmt_cli.device import tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
-from nmt_cli.lines import arriving_chunks
+from nmt_cli.lines import arriving_chunks, line_count
 from nmt_cli.records import attention_record, score_record, translations_record
 from nmt_cli.translator import CHUNK_LINES, Translator, model_search
 
@@ -77,14 +77,15 @@ def score_lines(translator: Translator, lines: list[str], first_number: int) -> 
 
 
 def translate_stream(translator: Translator, source: IO[bytes], source_name: str, out: IO[str],
-                     progress: bool = False) -> int:
+                     progress: bool = False, total: int | None = None) -> int:
     """Translate every line of `source` and write each output line to `out`; returns the line
     count. From a pipe or a terminal, what has arrived is translated whenever the input pauses, and
-    each chunk's lines are flushed: a program that writes a line and waits for it is answered."""
+    each chunk's lines are flushed: a program that writes a line and waits for it is answered.
+    With `progress` on a terminal, a bar of the lines (of `total`, with an ETA, when known)."""
     from tqdm import tqdm
 
     count = 0
-    with tqdm(unit="line", disable=not (progress and sys.stderr.isatty()), file=sys.stderr) as bar:
+    with tqdm(unit="line", total=total, disable=not (progress and sys.stderr.isatty()), file=sys.stderr) as bar:
         for chunk in arriving_chunks(source, source_name, CHUNK_LINES):
             out.writelines(line + "\n" for line in translate_lines(translator, chunk, count + 1))
             out.flush()
@@ -129,12 +130,15 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
     translator = Translator(bundles, config, device, dtype)
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"
+    if input_path is None and sys.stdin.isatty():
+        print("nmt translate: reading lines from the terminal (Ctrl-D ends)", file=sys.stderr, flush=True)
     try:
         if output_path is None:
             return to_stdout(lambda: translate_stream(translator, source, name, sys.stdout))
         remove_stale_temporaries(output_path.parent)
         with replacing(output_path, "the translation") as tmp, open(tmp, "w", encoding="utf-8") as out:
-            return translate_stream(translator, source, name, out, progress=input_path is not None)
+            total = line_count(input_path) if input_path and input_path.is_file() and sys.stderr.isatty() else None
+            return translate_stream(translator, source, name, out, progress=input_path is not None, total=total)
     finally:
         if input_path:
             source.close()

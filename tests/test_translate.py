@@ -237,3 +237,33 @@ def test_score_reference_prints_each_targets_log_probability(model_path):
 def test_score_reference_refuses_what_it_cannot_do(model_path, flags, stdin, code, message):
     result = run("-m", model_path, *flags, input=stdin)
     assert result.exit_code == code and message in result.output, result.output
+
+
+def test_a_file_on_a_terminal_shows_a_bar_of_its_total_and_the_terminal_is_told_it_is_read(model_path, tmp_path,
+                                                                                          monkeypatch):
+    """-i FILE -o FILE on a terminal: a bar of the file's lines (its total known, so an ETA);
+    lines typed at a terminal: one line saying so. Counting lines: a last line without its
+    newline counts, an empty file has none."""
+    import io
+
+    from nmt_cli.config import TranslateConfig
+    from nmt_cli.lines import line_count
+    from nmt_cli.translate import translate_file
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    write_lines(tmp_path / "in.txt", ["a b", "c d", "e"] * 3)
+    for text, lines in (("", 0), ("a", 1), ("a\n", 1), ("a\n\nb", 3)):
+        (tmp_path / "n.txt").write_text(text)
+        assert line_count(tmp_path / "n.txt") == lines
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert translate_file([model_path], tmp_path / "in.txt", tmp_path / "out.txt", TranslateConfig(device="cpu")) == 9
+    assert "9/9" in terminal.getvalue() and "line/s" in terminal.getvalue()
+    monkeypatch.setattr("sys.stdin", Terminal("a b\n"))
+    monkeypatch.setattr("sys.stdin.buffer", io.BytesIO(b"a b\n"), raising=False)
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    translate_file([model_path], None, None, TranslateConfig(device="cpu"))
+    assert "nmt translate: reading lines from the terminal (Ctrl-D ends)" in terminal.getvalue()
