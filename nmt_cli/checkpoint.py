@@ -169,7 +169,7 @@ def load(path: Path) -> dict[str, Any]:
 
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise NmtError(f"{path}: no such checkpoint")
+        raise NmtError(f"{path}: {_not_a_checkpoint(path)}")
     if path.suffix == ".safetensors":
         checkpoint = load_safetensors(path)
     else:
@@ -183,6 +183,18 @@ def _read(path: Path) -> dict[str, Any]:
     while checkpoint["format_version"] != FORMAT_VERSION:
         checkpoint = MIGRATIONS[checkpoint["format_version"]](checkpoint)
     return checkpoint
+
+
+def _not_a_checkpoint(path: Path) -> str:
+    """Why `path`, not a file, is no checkpoint; a save directory's checkpoint to pass, named."""
+    if not path.is_dir():
+        return "no such checkpoint"
+    if (path / "checkpoint_best.pt").is_file():
+        return (f"a save directory, not a checkpoint: pass {path / 'checkpoint_best.pt'}, or an average (nmt "
+                f"average-checkpoints --dir {path} -o avg.pt)")
+    if (path / "meta.json").is_file():
+        return "a data directory (nmt preprocess's), not a checkpoint: pass a checkpoint that nmt train wrote"
+    return "a directory, not a checkpoint file"
 
 
 def _projection_named(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -298,47 +310,6 @@ def bundle_of(checkpoint: dict[str, Any], path: Path) -> ModelBundle:
     return ModelBundle(model.eval(), TextConfig.from_dict(checkpoint["text_config"]), checkpoint["bpe_codes"],
                        src_vocab, tgt_vocab, checkpoint.get("sentencepiece"), checkpoint.get("target_sentencepiece"),
                        Released.from_dict(checkpoint.get("released")))
-
-
-def average(paths: list[Path]) -> dict[str, Any]:
-    """Parameter average of checkpoints of one model (§6.1), in fp32, without optimizer state.
-
-    Floating-point tensors are averaged; integer tensors must be equal. The result keeps the first
-    checkpoint's description (config, vocabularies, BPE codes, tokenizer) and lists its inputs.
-    """
-    if not paths:
-        raise NmtError("no checkpoints to average")
-    first = load(paths[0])
-    keys = DESCRIPTION[2:]  # all but the versions
-    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
-    updates = [first.get("progress", {}).get("updates")]
-    for path in paths[1:]:
-        other = load(path)
-        for key in keys:
-            if other.get(key) != first.get(key):
-                detail = _first_difference(first[key], other[key]) if isinstance(first.get(key), dict) else key
-                raise NmtError(f"{paths[0]} and {path} differ in {detail}: they are not the same model")
-        for name, tensor in other["model"].items():
-            if tensor.is_floating_point():
-                total[name] += tensor.double()
-            elif not torch.equal(tensor, total[name]):
-                raise NmtError(f"{paths[0]} and {path}: integer tensor {name} differs")
-        updates.append(other.get("progress", {}).get("updates"))
-    averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
-                for k, v in total.items()}
-    result = {key: first.get(key) for key in ("format_version", "nmt_cli_version", *keys)}
-    if "data" in first:  # what the model was trained on (kept, not compared)
-        result["data"] = first["data"]
-    result["model"] = averaged
-    result["averaged_from"] = [{"path": str(p), "updates": u} for p, u in zip(paths, updates)]
-    return result
-
-
-def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    for key in [*a, *(k for k in b if k not in a)]:  # in the config's own order
-        if a.get(key) != b.get(key):
-            return f"{key} ({a.get(key)} vs {b.get(key)})"
-    return "nothing"
 
 
 def _safetensors() -> Any:

@@ -47,7 +47,7 @@ def main() -> None:
               help="Vocabulary size (joint unless --tgt-vocab-size is given).")
 @click.option("--tgt-vocab-size", type=click.IntRange(min=1), default=None,
               help="Target vocabulary size for separate vocabularies (2-way tying).")
-@click.option("-m", "--model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("-m", "--model", type=click.Path(exists=True, path_type=Path),
               help="Describe this checkpoint instead: its architecture, vocabularies, language codes, search.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | None, as_json: bool,
@@ -218,7 +218,8 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
 def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: Path | None, last: int,
                         output: Path) -> None:
     """Average the parameters of checkpoints (§6.1)."""
-    from nmt_cli.checkpoint import average, save
+    from nmt_cli.averaging import average
+    from nmt_cli.checkpoint import save
     from nmt_cli.savedir import last_checkpoints
 
     if bool(checkpoints) == bool(save_dir):
@@ -232,7 +233,7 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
 
 @main.command()
 @click.option("-m", "--model", "models", multiple=True, required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              type=click.Path(exists=True, path_type=Path),
               help="Checkpoint; repeat for an ensemble (probabilities averaged each step).")
 @click.option("-i", "--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Input file, one sentence per line [default: stdin].")
@@ -292,7 +293,7 @@ def import_model(source: Path, output: Path) -> None:
 
 
 @main.command()
-@click.option("-m", "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("-m", "--model", required=True, type=click.Path(exists=True, path_type=Path),
               help="Checkpoint to export.")
 @click.option("--format", "fmt", type=click.Choice(["ctranslate2", "transformers", "safetensors"]), required=True,
               help="ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a Hugging Face "

@@ -12,6 +12,7 @@ from conftest import tiny_checkpoint
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import ModelConfig
+from nmt_cli.averaging import average
 from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
@@ -104,7 +105,7 @@ def test_average_is_the_exact_mean(tmp_path):
     a, b = tiny_checkpoint(tmp_path / "a.pt", seed=1), tiny_checkpoint(tmp_path / "b.pt", seed=2)
     trained_on = {"directory": "data", "inputs": {"train": ["train.en", "train.de"]}, "pairs": {"train": 9}}
     ckpt.save({**ckpt.load(a), "data": trained_on}, a)
-    averaged = ckpt.average([a, b])
+    averaged = average([a, b])
     assert averaged["data"] == trained_on  # for the model card of an export
     ma, mb = ckpt.load(a)["model"], ckpt.load(b)["model"]
     for key, value in averaged["model"].items():
@@ -120,10 +121,10 @@ def test_average_refuses_other_architectures(tmp_path):
     a = tiny_checkpoint(tmp_path / "a.pt")
     b = tiny_checkpoint(tmp_path / "b.pt", d_ff=128)
     with pytest.raises(NmtError, match=r"a.pt and .*b.pt differ in d_ff \(64 vs 128\)"):
-        ckpt.average([a, b])
+        average([a, b])
     c = tiny_checkpoint(tmp_path / "c.pt", symbols="abcdefghijklmnoq")
     with pytest.raises(NmtError, match="differ in src_vocab"):
-        ckpt.average([a, c])
+        average([a, c])
 
 
 def test_last_n_by_update_number_not_file_time(tmp_path):
@@ -205,7 +206,7 @@ def test_a_checkpoint_averages_with_its_safetensors_export(tmp_path):
     model = tiny_checkpoint(tmp_path / "m.pt")
     assert CliRunner().invoke(main, ["export", "-m", str(model), "--format", "safetensors", "-o",
                                      str(tmp_path / "m.safetensors")]).exit_code == 0
-    averaged = ckpt.average([model, tmp_path / "m.safetensors"])
+    averaged = average([model, tmp_path / "m.safetensors"])
     assert all(torch.equal(averaged["model"][k], v) for k, v in ckpt.load(model)["model"].items())
 
 
@@ -227,3 +228,27 @@ def test_a_checkpoint_of_format_version_1_loads_and_translates_as_it_did(tmp_pat
     outputs = [CliRunner().invoke(main, ["translate", "-m", str(path), "--device", "cpu"],
                                   input="a b c\np o n\n").output for path in paths]
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+
+
+def test_a_directory_given_as_a_checkpoint_names_the_one_to_pass(tmp_path):
+    """`-m DIR` (or Translator.load(DIR)) with a save directory names its checkpoint_best.pt; a
+    data directory and any other directory are said to be what they are."""
+    from click.testing import CliRunner
+
+    save_dir, data_dir, other = tmp_path / "ck", tmp_path / "data", tmp_path / "other"
+    for directory in (save_dir, data_dir, other):
+        directory.mkdir()
+    tiny_checkpoint(save_dir / "checkpoint_best.pt")
+    (data_dir / "meta.json").write_text("{}")
+    expected = {save_dir: f"{save_dir}: a save directory, not a checkpoint: pass {save_dir / 'checkpoint_best.pt'}, "
+                          f"or an average (nmt average-checkpoints --dir {save_dir} -o avg.pt)",
+                data_dir: f"{data_dir}: a data directory (nmt preprocess's), not a checkpoint: pass a checkpoint "
+                          "that nmt train wrote",
+                other: f"{other}: a directory, not a checkpoint file",
+                tmp_path / "none.pt": f"{tmp_path / 'none.pt'}: no such checkpoint"}
+    for path, message in expected.items():
+        with pytest.raises(NmtError) as refused:
+            ckpt.load(path)
+        assert str(refused.value) == message
+    result = CliRunner().invoke(main, ["translate", "-m", str(save_dir)], input="a\n")
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == f"Error: {expected[save_dir]}"

@@ -35,6 +35,7 @@ from pathlib import Path
 import sacrebleu
 
 from nmt_cli import checkpoint as ckpt
+from nmt_cli.averaging import average
 from nmt_cli.savedir import numbered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def evaluate(work: Path, minutes: float, threads: int, whole_run: bool, lenpens:
         within = [(n, path) for n, path in within if ckpt.load(path)["progress"]["elapsed_s"] <= minutes * 60]
     result: dict = {"benchmark": "quality_multi30k", "minutes": minutes, "updates": within[-1][0],
                     "averaged": [n for n, _ in within[-5:]]}
-    ckpt.save(ckpt.average([path for _, path in within[-5:]]), work / f"avg{minutes:g}.pt")
+    ckpt.save(average([path for _, path in within[-5:]]), work / f"avg{minutes:g}.pt")
     models = [("avg5", work / f"avg{minutes:g}.pt"), ("last", within[-1][1])]
     models += [("ema", work / "ckpt/checkpoint_ema.pt")] if ema else []
     for (name, model), split, lenpen in itertools.product(models, splits, lenpens):
