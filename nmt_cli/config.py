@@ -130,7 +130,7 @@ class TrainConfig(Options):
                                          "(the paper: 10).", min=0.0, exclusive_min=True)
     keep_last: int = knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
     log_interval: int = knob(50, "Log every N updates.", min=1)
-    tensorboard: bool = knob(False, "Also write TensorBoard events to SAVE_DIR/tensorboard (needs tensorboard).")
+    tensorboard: bool = knob(False, "Also write TensorBoard events to SAVE_DIR/tensorboard (the tensorboard extra).")
     eval_bleu: bool = knob(False, "At each validation, also translate the valid split and report sacreBLEU, "
                             "chrF and TER.")
     eval_bleu_beam: int = knob(SearchConfig.beam, "Beam size for --eval-bleu.", min=1, max=BEAM_MAX,

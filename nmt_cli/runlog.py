@@ -27,7 +27,8 @@ class RunLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise NmtError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+                raise NmtError("--tensorboard needs the tensorboard package: pip install 'nmt-cli[tensorboard]' "
+                               "(or pip install tensorboard)") from None
             self.tensorboard = SummaryWriter(str(Path(save_dir) / "tensorboard"))
         self.bar: Any = None
         self.window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}

@@ -540,7 +540,7 @@ def test_resuming_an_averaged_run_without_its_decay_says_the_average_stops(tmp_p
 def test_tensorboard_missing_is_a_clear_error(tmp_path, monkeypatch):
     data = synthetic_data_dir(tmp_path)
     block_import(monkeypatch, "torch.utils.tensorboard")
-    with pytest.raises(NmtError, match="pip install tensorboard"):
+    with pytest.raises(NmtError, match=r"pip install 'nmt-cli\[tensorboard\]' \(or pip install tensorboard\)"):
         run_training(data, tmp_path / "ck", max_updates=1, tensorboard=True)
 
 
