@@ -194,7 +194,8 @@ class Batcher:
             terms = None
             if any(job.terms for job, _ in taken):
                 terms = tuple([job.terms[side][k] if job.terms else [] for job, k in picked] for side in (0, 1))
-            found = translator.search_ids(sources, search, forced, reseed=seeded(search), terms=terms)
+            rng = translator.stream(search) if seeded(search) else None
+            found = translator.search_ids(sources, search, forced, rng=rng, terms=terms)
         except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
             error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
             for job, _ in taken:

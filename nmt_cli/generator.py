@@ -54,16 +54,18 @@ class Generator:
             self.rng.manual_seed(seed)
         self.halved = False  # a batch was split after running out of memory (warned once)
 
+    def stream(self, seed: int) -> torch.Generator:
+        """A random stream of its own, started from `seed`: a call's samples, whatever other calls
+        draw meanwhile (from other threads, say)."""
+        return torch.Generator(self.device).manual_seed(seed)
+
     def search(self, sources: list[list[int]], config: SearchConfig, prefixes: list[list[int]] | None = None,
-               reseed: bool = False, terms: Phrases | None = None) -> list[list[Hypothesis]]:
+               rng: torch.Generator | None = None, terms: Phrases | None = None) -> list[list[Hypothesis]]:
         """The hypotheses of each source (an empty source has none), each output starting with its
         prefix when given and holding its `terms` (constraints.py), in the order of `sources`.
-        Samples continue the random stream seeded at construction, or with `reseed`, start one
-        from `config.seed`."""
-        if reseed and config.seed is not None:
-            self.seed = config.seed
-            self.rng.manual_seed(config.seed)
-        if config.sampling and self.seed is None:
+        Samples are drawn from `rng` (a call's own `stream`), else continue the random stream
+        seeded at construction."""
+        if config.sampling and rng is None and self.seed is None:
             self.seed = secrets.randbelow(2**31)
             self.rng.manual_seed(self.seed)
             self.warn(f"sampling with --seed {self.seed} (the same seed, input and batch options repeat these samples)")
@@ -71,7 +73,8 @@ class Generator:
         order = sorted((i for i, s in enumerate(sources) if s), key=widths.__getitem__)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for batch in batches(order, widths, self.max_tokens, self.batch_size):
-            run = functools.partial(self._search, sources=sources, prefixes=prefixes, config=config, terms=terms)
+            run = functools.partial(self._search, sources=sources, prefixes=prefixes, config=config, terms=terms,
+                                    rng=self.rng if rng is None else rng)
             for i, hyps in zip(batch, self._fitting(batch, run, lambda i: f"a single sentence of {widths[i] - 1} "
                                                                           "tokens")):
                 results[i] = hyps
@@ -113,13 +116,13 @@ class Generator:
         return self._fitting(batch[:half], run, single) + self._fitting(batch[half:], run, single)
 
     def _search(self, batch: list[int], sources: list[list[int]], prefixes: list[list[int]] | None,
-                config: SearchConfig, terms: Phrases | None) -> list[list[Hypothesis]]:
+                config: SearchConfig, terms: Phrases | None, rng: torch.Generator) -> list[list[Hypothesis]]:
         src = self._padded([sources[i] + [EOS_ID] for i in batch])
         forced = None
         if prefixes is not None and any(prefixes[i] for i in batch):
             forced = self._padded([prefixes[i] for i in batch], value=-1)
         if config.sampling:
-            return sample(self.models, src, config, self.rng, forced)
+            return sample(self.models, src, config, rng, forced)
         held = None
         if terms is not None and any(terms[0][i] or terms[1][i] for i in batch):
             held = Terms([terms[0][i] for i in batch], [terms[1][i] for i in batch], self.device, self.joining)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, overload
 
@@ -111,6 +111,13 @@ class Translator:
             torch.set_num_threads(config.threads)
         return cls(bundles, config, device, dtype, warn)
 
+    def stream(self, config: SearchConfig, given: Collection[str] = ("seed",)) -> torch.Generator | None:
+        """A random stream of a call's own when it gives a seed (`given` holds "seed"): the same
+        seed, the same samples, whatever other threads draw meanwhile; None: the translator's."""
+        if not config.sampling or "seed" not in given or config.seed is None:
+            return None
+        return self.generator.stream(config.seed)
+
     def search_config(self, **search: Any) -> SearchConfig:
         """The configured search options with `search` given for one call (checked as flags are)."""
         try:
@@ -160,20 +167,21 @@ class Translator:
         (a str) gives its own list."""
         if isinstance(lines, str):
             return self.hypotheses(*one_line(lines, prefixes, constraints, avoid), **search)[0]
-        _, found = self.search(lines, self.search_config(**search), prefixes, reseed="seed" in search,
-                               constraints=constraints, avoid=avoid)
+        config = self.search_config(**search)
+        _, found = self.search(lines, config, prefixes, rng=self.stream(config, search), constraints=constraints,
+                               avoid=avoid)
         return [[self.translation(h) for h in hyps] for hyps in found]
 
     def translate_iter(self, lines: Iterable[str], chunk_lines: int = CHUNK_LINES, **search: Any) -> Iterator[str]:
         """The best translation of each line of an iterable of any length (a file, say), in order,
         holding `chunk_lines` lines at a time."""
         config = self.search_config(**search)
-        count = 0
+        count, rng = 0, self.stream(config, search)  # one stream for all chunks
         if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
             raise NmtError(f"lines: expected an iterable of lines (a list, a text file), got {type(lines).__name__}")
         for chunk in chunks(lines, chunk_lines):
             chunk = [line.rstrip("\n") for line in checked_lines(chunk, "lines", count + 1)]
-            _, found = self.search(chunk, config, first_number=count + 1, reseed="seed" in search and count == 0)
+            _, found = self.search(chunk, config, first_number=count + 1, rng=rng)
             yield from (self.pipeline.text(hyps[0].tokens) if hyps else "" for hyps in found)
             count += len(chunk)
 
@@ -192,7 +200,7 @@ class Translator:
                 for ids, scores in zip(target_ids, self.generator.score(source_ids, target_ids))]
 
     def search(self, lines: list[str], config: SearchConfig, prefixes: list[str] | None = None,
-               first_number: int = 1, reseed: bool = False, constraints: list[list[str]] | None = None,
+               first_number: int = 1, rng: torch.Generator | None = None, constraints: list[list[str]] | None = None,
                avoid: list[list[str]] | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """The source ids of `lines` and their hypotheses; lines are numbered from `first_number`
         in warnings. Samples continue the translator's random stream, or with `reseed`, start one
@@ -205,7 +213,7 @@ class Translator:
         forced = None if prefixes is None else [self.prefix_ids(prefix, first_number + k)
                                                 for k, prefix in enumerate(prefixes)]
         terms = self.phrases(sources, config, constraints, avoid, first_number)
-        return sources, self.search_ids(sources, config, forced, reseed, first_number, terms)
+        return sources, self.search_ids(sources, config, forced, rng, first_number, terms)
 
     def phrases(self, sources: list[list[int]], config: SearchConfig, constraints: list[list[str]] | None,
                 avoid: list[list[str]] | None, first_number: int = 1) -> Phrases | None:
@@ -235,11 +243,12 @@ class Translator:
         return self.pipeline.target_ids(prefix, number)
 
     def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
-                   reseed: bool = False, first_number: int = 1, terms: Phrases | None = None) -> list[list[Hypothesis]]:
+                   rng: torch.Generator | None = None, first_number: int = 1,
+                   terms: Phrases | None = None) -> list[list[Hypothesis]]:
         """The hypotheses of sources given as token ids (`source_ids`), each starting with its
         prefix's ids when `forced` (`prefix_ids`) and holding its `terms` (`phrases`); an empty
         source with a prefix: the prefix alone."""
-        found = self.generator.search(sources, config, forced, reseed, terms)
+        found = self.generator.search(sources, config, forced, rng, terms)
         for k, (source, prefix) in enumerate(zip(sources, forced or [])):
             if not source and prefix:
                 found[k] = [Hypothesis(self.pipeline.prefix_alone(prefix, first_number + k), 0.0, 0.0)]

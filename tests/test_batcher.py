@@ -40,7 +40,7 @@ class Recorder:
                                                                     avoid or [[]] * len(sources))
 
     def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
-                   reseed: bool = False, terms=None) -> list[list[Hypothesis]]:
+                   rng=None, terms=None) -> list[list[Hypothesis]]:
         self.searches.append([" ".join(map(str, ids)) for ids in sources])
         self.started.set()
         if self.gate is not None:
@@ -54,6 +54,9 @@ class Recorder:
 
     def translation(self, hypothesis: Hypothesis) -> Translation:
         return Translation(" ".join(map(str, hypothesis.tokens)), [], 0.0, 0.0)
+
+    def stream(self, config: SearchConfig) -> None:  # the stream of a seeded request (none here)
+        return None
 
     def stop_searches_at(self, deadline: float | None) -> None:
         self.deadline = deadline

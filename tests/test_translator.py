@@ -83,6 +83,25 @@ def test_what_is_not_a_line_or_an_option_is_refused_naming_it(model_path, tmp_pa
         translator.score(["a b"], [b"b a"])
 
 
+def test_a_seeded_call_samples_the_same_whatever_runs_beside_it(model_path):
+    """Seeded sampling from several threads on one Translator: each call's seed gives the samples
+    of that call alone (its own random stream); translate_iter's stream runs across its chunks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    translator = Translator.load(model_path, device="cpu", threads=1)
+    lines = LINES * 5
+    alone = {seed: translator.translate(lines, sampling=True, seed=seed) for seed in range(4)}
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda seed: (seed, translator.translate(lines, sampling=True, seed=seed)),
+                                 [0, 1, 2, 3] * 3))
+    assert all(samples == alone[seed] for seed, samples in together)
+    assert len({tuple(samples) for samples in alone.values()}) == 4  # the seeds draw different samples
+    chunked = list(translator.translate_iter(lines, chunk_lines=4, sampling=True, seed=0))
+    assert chunked == list(translator.translate_iter(lines, chunk_lines=4, sampling=True, seed=0))
+    assert chunked[:4] == translator.translate(lines[:4], sampling=True, seed=0)  # the first chunk: the seed's start
+    assert chunked[4:8] != translator.translate(lines[4:8], sampling=True, seed=0)  # the next continues the stream
+
+
 def test_hypotheses_come_best_first_with_their_scores(model_path):
     nbest = Translator.load(model_path, device="cpu").hypotheses(LINES, beam=4, nbest=3)
     assert [len(n) for n in nbest] == [3, 0, 3, 3, 3, 3, 3]
