@@ -91,6 +91,7 @@ class EpochPlan:
         self.train, self.batches, self.samples, self.seed = train, batches, samples, seed
         self.runtime, self.update_freq = runtime, update_freq
         self._order: tuple[int, list[np.ndarray]] | None = None  # the last epoch's order, reused
+        self._last: tuple[tuple[int, int], Update] | None = None  # the last update made (the loop prefetches it)
 
     def split(self, epoch: int) -> tuple[ParallelData, list[np.ndarray]]:
         """The segmentation that epoch `epoch` (1-based) trains on, and its batches."""
@@ -102,13 +103,16 @@ class EpochPlan:
 
     def update(self, epoch: int, u: int) -> Update:
         """Update `u` (0-based) of epoch `epoch`: its batches on all processes and this one's."""
+        if self._last is not None and self._last[0] == (epoch, u):
+            return self._last[1]
         if self._order is None or self._order[0] != epoch:
             self._order = epoch, shuffled(self.split(epoch)[1], self.seed, epoch)
         size, rank = self.runtime.world * self.update_freq, self.runtime.rank
         group = self._order[1][u * size:(u + 1) * size]
         mine = group[rank * self.update_freq:(rank + 1) * self.update_freq]
         tokens = int(sum(self.split(epoch)[0].tgt_lengths[b].sum() for b in group))
-        return Update(group, mine or group[:1], bool(mine), tokens)
+        self._last = (epoch, u), Update(group, mine or group[:1], bool(mine), tokens)
+        return self._last[1]
 
 
 def same_updates(saved: dict[str, Any], now: dict[str, Any]) -> bool:

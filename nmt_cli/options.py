@@ -53,12 +53,18 @@ def type_problem(value: Any, hint: Any) -> str | None:
     kinds = typing.get_args(hint) if union else (hint,)
     if value is None:
         return None if type(None) in kinds else "expected a value, not None"
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    for kind in kinds:
-        if kind not in TYPE_NAMES or isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) \
-                or kind is float and numeric:
-            return None
+    if any(fits(value, kind) for kind in kinds):
+        return None
     return "expected " + " or ".join(TYPE_NAMES[kind] for kind in kinds if kind in TYPE_NAMES)
+
+
+def fits(value: Any, kind: Any) -> bool:
+    """Whether `value` is of the annotated `kind`; kinds without a name here always fit."""
+    if kind not in TYPE_NAMES:
+        return True
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
 
 
 @functools.cache

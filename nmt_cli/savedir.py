@@ -89,7 +89,10 @@ class SaveDir:
 
     def resume(self, model: Transformer) -> dict[str, Any] | None:
         """checkpoint_last.pt with its weights loaded into `model`; None when there is none."""
-        state = self._last_state() if self.runtime.world > 1 else ckpt.load(self.last) if self.last.exists() else None
+        if self.runtime.world > 1:
+            state = self._last_state()
+        else:
+            state = ckpt.load(self.last) if self.last.exists() else None
         if state is None:
             return None
         ours = model.config.to_dict()
@@ -112,7 +115,8 @@ class SaveDir:
                 state = ckpt.load(self.last)
             except NmtError as e:  # every process ends with the same line, none waits for the main one
                 problem = str(e)
-        here = (self.last.stat().st_size, self.last.stat().st_mtime_ns) if self.last.exists() else None
+        info = self.last.stat() if self.last.exists() else None
+        here = (info.st_size, info.st_mtime_ns) if info else None
         sent = [(here, problem)]
         dist.broadcast_object_list(sent, src=0)
         (main_file, problem), = sent

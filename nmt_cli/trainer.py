@@ -249,6 +249,7 @@ class Trainer:
             with sync:
                 loss, nll, tokens = self.loss(self.net, batch)
                 self.scaler.scale(loss * weight).backward()
+            # a stand-in's sums count nothing, but its NaN does (0 * NaN): its gradients are NaN too
             totals += torch.stack([loss.detach(), nll.detach(), tokens]).double() * counted
         finite = self._finite_everywhere(totals)
         if not self.skips_on_device and not bool(finite):  # a host wait, where the device cannot skip

@@ -54,3 +54,38 @@ def test_rng_states_round_trip():
     expected = (torch.rand(3), random.random())
     set_rng_state(state)
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+def _resume_in_process(rank: int, init_file: str, save_dirs: list[str], out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    runtime = Runtime(torch.device("cpu"), torch.float32, rank=rank, world=2)
+    try:
+        SaveDir(save_dirs[rank], runtime, 5, (Vocabulary([]), Vocabulary([]))).resume(tiny())
+        result = "resumed"
+    except NmtError as e:
+        result = str(e)
+    dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_on_the_main_process_ends_every_process_with_its_line(tmp_path):
+    """With several processes the main one reads checkpoint_last.pt for all; where it cannot, every
+    process ends with the main one's line (none waits for a checkpoint that will not come), also
+    one whose own save directory holds none (local to its node)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    main, other = tmp_path / "node0", tmp_path / "node1"
+    main.mkdir(), other.mkdir()
+    (main / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
+    mp.spawn(_resume_in_process, args=(str(tmp_path / "init"), [str(main), str(other)], str(tmp_path / "out")),
+             nprocs=2)
+    lines = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in (0, 1)]
+    assert lines[0] == lines[1] and lines[0].startswith(f"{main / 'checkpoint_last.pt'}: "), lines
