@@ -5,7 +5,7 @@
 #   3. nmt train: the `small` preset for MINUTES minutes (default 30), a checkpoint every
 #      MINUTES/15 minutes and at each epoch's end (so the last 5 span the final 10-20% of the
 #      updates at 25 minutes on 2 cores; 5 over the final third averaged no better). The recipe
-#      for this small corpus (measured in tests/benchmarks/quality_multi30k.py): batches of 1,024
+#      for this small corpus, data/quickstart.yaml (measured in tests/benchmarks/quality_multi30k.py): batches of 1,024
 #      tokens, a rate rising to 1.5e-3 over 200 warmup updates, then falling linearly to 0 at the end of
 #      the MINUTES, dropout 0.1 on the attention weights and after the FFN's ReLU too (the
 #      residual dropout alone lets this model overfit Multi30k in 13 epochs), in bf16 where the
@@ -40,8 +40,7 @@ fi
 
 SAVE_EVERY=${SAVE_EVERY:-$(python3 -c "print(max($MINUTES / 15, 0.1))")}
 KEEP_LAST=${KEEP_LAST:-5}
-nmt train "$WORK/data" --save-dir "$WORK/ckpt" --arch small \
-  --lr-schedule linear --lr 1.5e-3 --warmup 200 --max-tokens 1024 --attention-dropout 0.1 --relu-dropout 0.1 \
+nmt train "$WORK/data" --save-dir "$WORK/ckpt" --config data/quickstart.yaml \
   --max-time "$MINUTES" --save-interval-minutes "$SAVE_EVERY" --keep-last "$KEEP_LAST" \
   --threads "$THREADS" --device "$DEVICE" --precision "$PRECISION" ${TRAIN_ARGS:-}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from nmt_cli.architecture import ModelConfig
+from nmt_cli.card import CardConfig
+from nmt_cli.command import Group
 from nmt_cli.config import PreprocessConfig, SearchConfig, ServeConfig, TextConfig, TrainConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
@@ -19,17 +22,7 @@ from nmt_cli.version import __version__
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")  # CT2's
 
 if TYPE_CHECKING:
-    from nmt_cli.datadir import DataDir
-
-
-class Group(click.Group):
-    """Turns the library's user errors into one-line click errors (exit code 1, no traceback)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except NmtError as e:
-            raise click.ClickException(str(e)) from None
+    pass
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -127,6 +120,7 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
 
     from nmt_cli.datadir import DataDir
     from nmt_cli.preprocess import model_pipeline, preprocess
+    from nmt_cli.report import print_summary
 
     text = build(TextConfig, **fields_of(TextConfig, options))
     if from_data is not None and from_model is not None:
@@ -149,33 +143,7 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
             options.update(reused)
         data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
     if not quiet:
-        print_preprocess_summary(data)
-
-
-def print_preprocess_summary(data: DataDir) -> None:
-    """The counts of every split in a table that fits 80 columns, then what was dropped and the
-    seconds of each stage."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    meta, src, tgt = data.meta, data.text.source_lang, data.text.target_lang
-    table = Table(title=f"nmt preprocess {src}-{tgt}: vocabulary {meta['vocab_sizes'][src]:,}"
-                        f" / {meta['vocab_sizes'][tgt]:,}", box=box.SIMPLE_HEAD)
-    for column in ("split", "pairs", f"tokens {src}", f"tokens {tgt}", f"unk {src}", f"unk {tgt}", "s"):
-        table.add_column(column, justify="left" if column == "split" else "right", no_wrap=True)
-    dropped = []
-    for name, s in meta["splits"].items():
-        table.add_row(name, f"{s['pairs_out']:,}", *(f"{s['tokens'].get(lang, 0):,}" for lang in (src, tgt)),
-                      *(f"{s['unk_rate'][lang]:.2%}" for lang in (src, tgt)), f"{s['seconds']:.1f}")
-        if s["dropped"]:
-            reasons = ", ".join(f"{k} {v:,}" for k, v in s["dropped"].items())
-            dropped.append(f"{name}: {sum(s['dropped'].values()):,} of {s['pairs_in']:,} pairs dropped ({reasons})")
-    console = Console(stderr=True)
-    console.print(table)
-    for line in dropped:
-        console.print(line)
-    console.print("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["timings"].items()))
+        print_summary(data)
 
 
 @main.command()
@@ -303,7 +271,13 @@ def import_model(source: Path, output: Path) -> None:
               help="Directory (ctranslate2, transformers) or .safetensors file.")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="float32", show_default=True,
               help="ctranslate2: store the weights in this type.")
-def export(model: Path, fmt: str, output: Path, quantization: str | None) -> None:
+@config_options(CardConfig)
+@click.option("--eval", "evaluations", nargs=2, multiple=True, metavar="SRC REF",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="transformers: translate SRC and score it against REF (sacreBLEU's BLEU and chrF) for the model "
+                   "card (repeatable).")
+def export(model: Path, fmt: str, output: Path, quantization: str | None,
+           evaluations: tuple[tuple[Path, Path], ...], **card: Any) -> None:
     """Export to CTranslate2, transformers or safetensors.
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
@@ -311,16 +285,22 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None) -> Non
     from nmt_cli.files import destination
 
     output = destination(output, "export")
-    if fmt != "ctranslate2" and "quantization" in given_flags():
-        raise click.UsageError("--quantization applies only to --format ctranslate2")
+    flags = {"quantization": ("--quantization", "ctranslate2"), "evaluations": ("--eval", "transformers"),
+             **{f.name: (flag_name(f), "transformers") for f in dataclasses.fields(CardConfig)}}
+    for name in sorted(given_flags() & flags.keys()):
+        flag, only = flags[name]
+        if fmt != only:
+            raise click.UsageError(f"{flag} applies only to --format {only}")
     if fmt == "safetensors":
         if output.suffix != ".safetensors":
             raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
         save_safetensors(load(model), output)
     elif fmt == "transformers":
+        from nmt_cli.card import evaluate
         from nmt_cli.marian import save_transformers
 
-        save_transformers(load(model), model, output)
+        card_config = build(CardConfig, **card)
+        save_transformers(load(model), model, output, card_config, [evaluate(model, *pair) for pair in evaluations])
     else:
         from nmt_cli.export import save_ctranslate2
 
@@ -351,7 +331,7 @@ def plot() -> None:
     Attention maps: `nmt translate --attention-plot DIR`."""
 
 
-@plot.command()
+@plot.command(page="plot")
 @click.argument("save_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("curves.png"),
               show_default=True, help="PNG file.")

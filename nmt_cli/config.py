@@ -19,7 +19,7 @@ from nmt_cli.options import Options, knob
 LR_SCHEDULES = ("noam", "inverse-sqrt", "linear")
 VALID_METRICS = ("ppl", "bleu", "chrf", "ter")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICE = (r"auto|cpu|cuda(:[0-9]+)?|mps", "auto, cpu, cuda, cuda:N or mps")
 TOKENIZERS = ("moses", "none")
 SUBWORDS = ("bpe", "sentencepiece")
 LENPEN_FORMS = ("gnmt", "length")
@@ -32,7 +32,7 @@ BEAM_MAX = 1024
 
 
 def _device_knob() -> Any:
-    return knob("auto", "auto: CUDA when available.", choices=DEVICES)
+    return knob("auto", "auto, cpu, cuda, cuda:N or mps (Apple GPU); auto: CUDA when available.", pattern=DEVICE)
 
 
 def _precision_knob() -> Any:

@@ -13,18 +13,37 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def select(device: str, precision: str, index: int = 0) -> tuple[torch.device, torch.dtype]:
-    """`device` auto|cpu|cuda and `precision` auto|fp32|bf16|fp16 -> (torch device, compute dtype).
+    """`device` auto|cpu|cuda|cuda:N|mps and `precision` auto|fp32|bf16|fp16 -> (torch device,
+    compute dtype).
 
     auto precision is bf16 on a CUDA GPU that supports it, else fp32; bf16 runs on the CPU too
-    (fast where the CPU multiplies bf16 itself: AVX512-BF16 or AMX), fp16 needs CUDA.
-    `index` is the CUDA device (torchrun's LOCAL_RANK). Changes nothing in the process: `tune` does.
+    (fast where the CPU multiplies bf16 itself: AVX512-BF16 or AMX), fp16 needs a GPU. `index`
+    is the CUDA device of plain `cuda` (torchrun's LOCAL_RANK). Changes nothing in the process:
+    `tune` does.
     """
     cuda = uses_cuda(device)
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise NmtError("--device mps: no Apple GPU (MPS) is available here; use cpu")
     if precision == "auto":
         precision = "bf16" if cuda and native_bf16(device) else "fp32"
-    if precision == "fp16" and not cuda:
-        raise NmtError("--precision fp16 needs a CUDA device; use fp32 or bf16 on CPU")
-    return (torch.device("cuda", index) if cuda else torch.device("cpu")), DTYPES[precision]
+    if precision == "fp16" and not (cuda or device == "mps"):
+        raise NmtError("--precision fp16 needs a GPU (CUDA or MPS); use fp32 or bf16 on CPU")
+    if device == "mps":
+        return torch.device("mps"), DTYPES[precision]
+    return (cuda_device(device, index) if cuda else torch.device("cpu")), DTYPES[precision]
+
+
+def cuda_device(device: str, index: int) -> torch.device:
+    """The CUDA device that `device` names: cuda:N, or for cuda (and auto) device `index`."""
+    if ":" not in device:
+        return torch.device("cuda", index)
+    named, count = int(device.partition(":")[2]), torch.cuda.device_count()
+    if named >= count:
+        raise NmtError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    if index:
+        raise NmtError(f"--device {device} would put every process on one GPU; under torchrun give --device cuda "
+                       "(each process takes the GPU of its local rank)")
+    return torch.device("cuda", named)
 
 
 def tune(device: torch.device, threads: int | None = None) -> None:
@@ -44,10 +63,10 @@ def tune(device: torch.device, threads: int | None = None) -> None:
 
 
 def uses_cuda(device: str) -> bool:
-    """Whether `device` auto|cpu|cuda means a CUDA GPU here (auto: when there is one)."""
-    if device == "cuda" and not torch.cuda.is_available():
-        raise NmtError("--device cuda: no CUDA device is available")
-    return torch.cuda.is_available() if device == "auto" else device == "cuda"
+    """Whether `device` auto|cpu|cuda|cuda:N|mps means a CUDA GPU here (auto: when there is one)."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise NmtError(f"--device {device}: no CUDA device is available")
+    return torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
 
 
 def native_bf16(device: str) -> bool:
@@ -61,9 +80,10 @@ def native_bf16(device: str) -> bool:
 
 def out_of_memory(error: BaseException) -> bool:
     """Whether `error` is a device running out of memory: CUDA's OutOfMemoryError, or the
-    RuntimeError of PyTorch's CPU allocator."""
+    RuntimeError of PyTorch's CPU or MPS allocator."""
     return isinstance(error, torch.cuda.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+        isinstance(error, RuntimeError) and ("can't allocate memory" in str(error)
+                                             or "MPS backend out of memory" in str(error)))
 
 
 def keep_freed_memory() -> bool:

@@ -70,7 +70,7 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
                 "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json", "model.safetensors",
                 "generation_config.json", "source.spm", "target.spm", "vocab.json", "target_vocab.json",
-                "spm.target.model", "tokenizer_config.json", "README.md"}
+                "spm.target.model", "tokenizer_config.json", "README.md", "LICENSE"}
 
 
 def _check_destination(out: Path) -> None:

@@ -114,10 +114,20 @@ def build(cls: type, **values: Any) -> Any:
 
 
 def given_flags() -> set[str]:
-    """The parameters of the current command that the user set (not left at their default)."""
+    """The parameters of the current command that the user set (not left at their default): on
+    the command line, or in a --config file to other than its default (so that --dump-config's
+    file, which holds every default, reads back)."""
     ctx = click.get_current_context()
     sources = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
-    return {name for name in ctx.params if ctx.get_parameter_source(name) in sources}
+    defaults = {param.name: param.default for param in ctx.command.params}
+    return {name for name, value in ctx.params.items() if ctx.get_parameter_source(name) in sources
+            or (ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT_MAP
+                and _plain(value) != _plain(defaults.get(name)))}
+
+
+def _plain(value: Any) -> Any:
+    """A value as a config file may give it (a list for a tuple)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def model_options(command: Callable) -> Callable:

@@ -16,9 +16,10 @@ from nmt_cli.errors import NmtError
 
 
 def line_count(path: Path) -> int:
-    """The lines of a file (a last line without its newline counts too), read in blocks."""
+    """The lines of a (possibly gzipped) file (a last line without its newline counts too), read
+    in blocks: a progress bar's total."""
     count, last = 0, b"\n"
-    with open(path, "rb") as stream:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as stream:
         while block := stream.read(1 << 20):
             count, last = count + block.count(b"\n"), block[-1:]
     return count + (last != b"\n")

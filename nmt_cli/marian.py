@@ -14,14 +14,15 @@ permutation commutes with the layer norms and cancels in every projection.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt_cli.card import UNSET_LICENCE, CardConfig, Evaluation, model_card
 from nmt_cli.checkpoint import ModelBundle, bundle_of
 from nmt_cli.config import SearchConfig
 from nmt_cli.controls import banned_ids
@@ -32,9 +33,10 @@ from nmt_cli.release import sines_then_cosines
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
-def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> None:
+def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path, card: CardConfig = CardConfig(),
+                      evaluations: Sequence[Evaluation] = ()) -> None:
     """A transformers model directory of `checkpoint` (read from `source`), with a model card of
-    what it records."""
+    what it records, its licence `card`, and the scores of `evaluations`."""
     try:
         from transformers import GenerationConfig, MarianConfig, MarianMTModel
     except ImportError:
@@ -68,7 +70,11 @@ def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path) -> No
         (tmp / "model.safetensors").chmod((tmp / "config.json").stat().st_mode & 0o777)
         _tokenizer_files(bundle, tmp)
         text_files(bundle, tmp)
-        (tmp / "README.md").write_text(model_card(bundle, checkpoint, source.name), encoding="utf-8")
+        note = search_note(bundle, SearchConfig(**bundle.released.search))
+        (tmp / "README.md").write_text(model_card(bundle, checkpoint, source.name, note, card, list(evaluations)),
+                                       encoding="utf-8")
+        if card.license == "other" and card.license_link == "LICENSE":
+            (tmp / "LICENSE").write_text(UNSET_LICENCE, encoding="utf-8")
 
     write_export(out, write)
 
@@ -231,61 +237,3 @@ def _tokenizer_files(bundle: ModelBundle, out: Path) -> None:
               "separate_vocabs": not bundle.shared, "model_max_length": bundle.model.config.max_positions,
               "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-
-
-def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str) -> str:
-    """README.md of the export: what the model is, what it was trained on and how well, how to run
-    it; the licence is left for the user to set."""
-    config, text, search = bundle.model.config, bundle.text, SearchConfig(**bundle.released.search)
-    params = sum(p.numel() for p in bundle.model.parameters())  # a tied matrix counted once
-    vocabulary = f"one vocabulary of {len(bundle.src_vocab):,} pieces for both sides" \
-        if bundle.shared else \
-        f"{len(bundle.src_vocab):,} pieces in the source vocabulary, {len(bundle.tgt_vocab):,} in the target's"
-    lines = ["---", "license: other  # set the licence of your model and data", "library_name: transformers",
-             "pipeline_tag: translation", "language:", f"- {text.source_lang}", f"- {text.target_lang}", "tags:",
-             "- translation", "- nmt-cli", "---", "", f"# {text.source_lang}-{text.target_lang} Transformer", "",
-             'The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), trained with nmt-cli '
-             f"{checkpoint.get('nmt_cli_version', '')} and exported from `{source}` with `nmt export "
-             "--format transformers`: a MarianMTModel that computes what nmt-cli's model computes.", "",
-             "## Architecture", "",
-             f"{config.encoder_layers} encoder and {config.decoder_layers} decoder layers, d_model {config.d_model}, "
-             f"d_ff {config.d_ff}, {config.heads} heads, post-norm, {config.activation} FFN, sinusoidal positions: "
-             f"{params:,} parameters. "
-             f"SentencePiece: {vocabulary}.", "",
-             "## Training", ""]
-    lines += _training(checkpoint) or ["Not recorded in the checkpoint."]
-    lines += ["", "## Use", "", "```python", "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer", "",
-              'MODEL = "path/to/this/directory"  # or its name on the Hugging Face Hub',
-              "tokenizer = AutoTokenizer.from_pretrained(MODEL)",
-              "model = AutoModelForSeq2SeqLM.from_pretrained(MODEL)",
-              'batch = tokenizer(["A sentence to translate."], return_tensors="pt", padding=True)',
-              "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
-              "```", "", search_note(bundle, search), ""]
-    return "\n".join(lines)
-
-
-def _training(checkpoint: dict[str, Any]) -> list[str]:
-    """The card's lines on the training data, the run and its validation, as far as recorded."""
-    lines, data = [], checkpoint.get("data") or {}
-    for split, files in (data.get("inputs") or {}).items():
-        pairs = (data.get("pairs") or {}).get(split)
-        names = ", ".join(Path(f).name for f in files)  # not where they lay on the machine that trained
-        lines.append(f"- {split}: {names}" + (f" ({pairs:,} pairs)" if pairs else ""))
-    progress = checkpoint.get("progress") or {}
-    if "updates" in progress:
-        lines.append(f"- updates: {progress['updates']:,}")
-    if checkpoint.get("ema_decay"):
-        lines.append(f"- the weights' exponential moving average (decay {checkpoint['ema_decay']:g})")
-    averaged = checkpoint.get("averaged_from")
-    if averaged:
-        lines.append(f"- the average of {len(averaged)} checkpoints (updates "
-                     f"{', '.join(str(a.get('updates')) for a in averaged)})")
-    if math.isfinite(progress.get("best_valid_nll", math.inf)):
-        lines.append(f"- best validation perplexity in training: {math.exp(progress['best_valid_nll']):.2f}")
-    if progress.get("best_valid_bleu", -1) >= 0:
-        train = checkpoint.get("train_config") or {}
-        beam, lenpen = train.get("eval_bleu_beam"), train.get("eval_bleu_lenpen")
-        lines.append(f"- best validation BLEU in training: {progress['best_valid_bleu']:.2f} (the valid split "
-                     f"translated with beam {beam}, length penalty {lenpen}; sacreBLEU "
-                     f"{progress.get('bleu_signature') or 'signature not recorded'})")
-    return lines

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Collection
@@ -20,7 +21,8 @@ INT_MAX = 2**31 - 1  # the ceiling of every integer option without a lower one o
 def knob(default: Any, help: str, **flag: Any) -> Any:
     """A config field with its command-line help and flag details: range (`min`, `max`, both
     inclusive unless `exclusive_min`/`exclusive_max`; integers stop at INT_MAX unless `max` says,
-    floats must be finite), `choices`, `only_if` (a predicate on the config and the words that
+    floats must be finite), `choices`, `pattern` (a regular expression a str matches whole, and
+    the words that say what it means), `only_if` (a predicate on the config and the words that
     say when the field applies: setting it otherwise is refused), `flags` (the names, when not
     `--field-name`), `negation` (the off-switch of a flag that is on by default), `path`
     (click.Path's checks). MISSING: required."""
@@ -31,6 +33,8 @@ def knob_problem(value: Any, meta: Any) -> str | None:
     """What is wrong with `value` for a field with metadata `meta` (None: nothing)."""
     if "choices" in meta and value is not None and value not in meta["choices"]:
         return f"expected one of {', '.join(map(str, meta['choices']))}"
+    if "pattern" in meta and isinstance(value, str) and not re.fullmatch(meta["pattern"][0], value):
+        return f"expected {meta['pattern'][1]}"
     if value is None or isinstance(value, (bool, Path, str)) or dataclasses.is_dataclass(value):
         return None
     if isinstance(value, float) and not math.isfinite(value):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -31,8 +30,9 @@ from nmt_cli.data import ArrayWriter, token_dtype
 from nmt_cli.datadir import FORMAT_VERSION, DataDir
 from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock, reason, write_directory
-from nmt_cli.lines import chunks, input_path, read_pairs
+from nmt_cli.lines import chunks, input_path, line_count, read_pairs
 from nmt_cli.pieces import learn_sentencepiece, load_sentencepiece
+from nmt_cli.report import bar, show_progress
 from nmt_cli.text import TextProcessor, check_codes
 from nmt_cli.version import __version__
 from nmt_cli.vocab import SPECIALS, Vocabulary
@@ -71,11 +71,6 @@ class SplitStats:
                 "tokens": dict(self.tokens), "unk_rate": unk_rate, "seconds": round(self.seconds, 3)}
 
 
-def show_progress(opts: PreprocessConfig) -> bool:
-    """Progress bars on a terminal only (logs and captured output stay clean)."""
-    return opts.progress and sys.stderr.isatty()
-
-
 def check_training_left(stats: dict[str, SplitStats], inputs: dict[str, tuple[Path, Path]]) -> None:
     """An empty training set after filtering is an error, not a model trained on nothing."""
     train = stats.get("train")
@@ -94,9 +89,10 @@ def tokenize_train(opts: PreprocessConfig, src_path: Path, tgt_path: Path, work:
     src_tok, tgt_tok = (work / f"train.tok.{lang}" for lang in (opts.text.source_lang, opts.text.target_lang))
     tokenize = functools.partial(tokenize_chunk, max_len=opts.max_len, max_ratio=opts.max_len_ratio)
     with open(src_tok, "wb") as fs, open(tgt_tok, "wb") as ft, \
-            Workers(opts.workers, text=opts.text, **pieces) as workers:
-        results = workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), TRAIN_CHUNK_LINES))
-        for chunk in tqdm(results, desc="tokenize train", unit="kline", disable=not show_progress(opts)):
+            Workers(opts.workers, text=opts.text, **pieces) as workers, \
+            bar(opts, "tokenize train", lambda: line_count(src_path)) as progress:
+        for chunk in workers.map(tokenize, chunks(read_pairs(src_path, tgt_path), TRAIN_CHUNK_LINES)):
+            progress.update(chunk.kept + chunk.dropped.total())
             stats.pairs_in += chunk.kept + chunk.dropped.total()
             stats.dropped.update(chunk.dropped)
             if chunk.kept:
@@ -109,14 +105,15 @@ def tokenize_train(opts: PreprocessConfig, src_path: Path, tgt_path: Path, work:
 
 
 def binarize(items: Iterable[Any], encode: Callable[[Any], Packed], workers: Workers, prefix: Path,
-             dtype: np.dtype, stats: SplitStats, desc: str, training: bool, opts: PreprocessConfig) -> None:
+             dtype: np.dtype, stats: SplitStats, progress: tqdm, training: bool, opts: PreprocessConfig) -> None:
     """Stage 4 for one split: `encode` each item in the workers, append the ids to
     `prefix.{src,tgt}.bin/.idx` in order. Training pairs were counted in stage 1."""
     src, tgt = opts.text.source_lang, opts.text.target_lang
     writers = {src: ArrayWriter(Path(f"{prefix}.{src}"), dtype), tgt: ArrayWriter(Path(f"{prefix}.{tgt}"), dtype)}
     try:
-        for packed in tqdm(workers.map(encode, items), desc=desc, unit="chunk", disable=not show_progress(opts)):
+        for packed in workers.map(encode, items):
             kept = len(packed.lengths[0])
+            progress.update(kept + packed.too_long)
             stats.pairs_in += 0 if training else kept
             stats.pairs_out += kept
             if packed.too_long:
@@ -126,6 +123,7 @@ def binarize(items: Iterable[Any], encode: Callable[[Any], Packed], workers: Wor
                 stats.tokens[lang] += len(ids)
                 stats.unknown[lang] += unknown
     finally:
+        progress.close()
         for writer in writers.values():
             writer.close()
 
@@ -344,10 +342,12 @@ def binarize_split(name: str, opts: PreprocessConfig, inputs: dict[str, tuple[Pa
     if training:
         items: Iterable[Any] = train_ranges
         encode: Callable[[Any], Packed] = functools.partial(binarize_range, max_len=opts.max_len)
+        progress = bar(opts, f"binarize {name}", lambda: sum(r.lines for r in train_ranges))
     else:
         items = chunks(read_pairs(src_path, tgt_path), CHUNK_LINES)
         encode = functools.partial(binarize_chunk, tokenize=True, max_len=None)
-    binarize(items, encode, workers, tmp / name, dtype, stats[name], f"binarize {name}", training, opts)
+        progress = bar(opts, f"binarize {name}", lambda: line_count(src_path))
+    binarize(items, encode, workers, tmp / name, dtype, stats[name], progress, training, opts)
     if name == "valid" and stats[name].pairs_out == 0:
         raise NmtError(f"{src_path}: the valid split is empty; training could not validate on it")
     if training:
@@ -363,7 +363,8 @@ def sample_segmentations(opts: PreprocessConfig, train_ranges: list[LineRange], 
         name, start = f"train.sample{copy}", time.perf_counter()
         stats[name] = SplitStats(pairs_in=stats["train"].pairs_out)
         encode = functools.partial(sample_range, copy=copy, alpha=opts.sentencepiece_alpha, max_len=opts.max_len)
-        binarize(train_ranges, encode, workers, tmp / name, dtype, stats[name], f"sample {name}", True, opts)
+        progress = bar(opts, f"sample {name}", lambda: sum(r.lines for r in train_ranges))
+        binarize(train_ranges, encode, workers, tmp / name, dtype, stats[name], progress, True, opts)
         stats[name].seconds = time.perf_counter() - start
 
 

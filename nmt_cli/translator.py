@@ -10,10 +10,12 @@ results as records (records.py).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
+import typing
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
 
 import torch
 
@@ -30,10 +32,68 @@ from nmt_cli.records import Scored, Translation, attention_record
 from nmt_cli.search import Hypothesis, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 CHUNK_LINES = 4096  # lines searched together: sorted by length, then batched by tokens
-# What Translator.load takes besides search options (the rest of TranslateConfig is `nmt translate`'s output).
-LOAD_OPTIONS = ("device", "precision", "threads", "quantize", "cuda_graphs", "max_tokens", "batch_size",
-                "input_format", "output_format")
+
+
+class SearchOptions(TypedDict, total=False):
+    """The search options a call may set, SearchConfig's fields (`nmt translate`'s flags): typed
+    for type checkers and IDEs (tests/test_translator.py holds the two equal)."""
+
+    beam: int
+    lenpen: float
+    lenpen_form: Literal["gnmt", "length"]
+    stopping: Literal["early", "heuristic"]
+    max_len_a: float
+    max_len_b: int
+    max_len: int | None
+    nbest: int
+    allow_unk: bool
+    min_len: int
+    no_repeat_ngram_size: int
+    repetition_penalty: float
+    sampling: bool
+    sampling_topk: int | None
+    sampling_topp: float | None
+    temperature: float
+    seed: int | None
+
+
+class LoadOptions(SearchOptions, total=False):
+    """What Translator.load takes besides the search options: the TranslateConfig fields of
+    running a model (the others are `nmt translate`'s output)."""
+
+    device: str
+    precision: Literal["auto", "fp32", "bf16", "fp16"]
+    threads: int | None
+    quantize: Literal["int8"] | None
+    cuda_graphs: bool
+    max_tokens: int
+    batch_size: int | None
+    input_format: Literal["raw", "bpe"]
+    output_format: Literal["text", "tokens", "bpe"]
+
+
+LOAD_OPTIONS = tuple(name for name in LoadOptions.__annotations__ if name not in SearchOptions.__annotations__)
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def spelled_out(options: type) -> Callable[[Method], Method]:
+    """A method whose `**options` are shown as the keyword parameters they are, with their types
+    and nmt-cli's defaults (the Translator's own, a released model's say, replace them), to
+    help() and inspect.signature."""
+    defaults = {**SearchConfig().to_dict(), **TranslateConfig().to_dict()}
+
+    def spell(method: Method) -> Method:
+        signature = inspect.signature(method)
+        named = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name], annotation=hint)
+                    for name, hint in typing.get_type_hints(options).items()]
+        method.__signature__ = signature.replace(parameters=named + keywords)  # type: ignore[attr-defined]
+        return method
+    return spell
 
 
 def one_line(line: str, prefix: str | None, constraints: list[str] | None,
@@ -67,7 +127,11 @@ def model_search(bundle: ModelBundle, given: dict[str, Any]) -> SearchConfig:
 
 class Translator:
     """A model (or an ensemble: their probabilities averaged at each step) with its text
-    pipeline. `config` holds the defaults of every call; `warn` takes the warnings (stderr)."""
+    pipeline. `config` holds the defaults of every call; `warn` takes the warnings (stderr).
+
+    The calls: load, translate, hypotheses, translate_iter, score. Below them, the steps of a
+    search (source_ids, prefix_ids, phrases, search_ids, translation, alignment), which `nmt
+    translate` and `nmt serve` compose to batch lines from many requests."""
 
     def __init__(self, bundles: list[ModelBundle], config: TranslateConfig, device: torch.device,
                  dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None) -> None:
@@ -83,10 +147,12 @@ class Translator:
                                    warn=self.warn)
         self.pipeline = TextPipeline(first, self.generator.models.max_positions, config.input_format,
                                      config.output_format, self.warn)
-        self.unfitting = False  # a line's constraints did not fit its length limit (warned once)
+        self._unfitting = False  # a line's constraints did not fit its length limit (warned once)
 
     @classmethod
-    def load(cls, *paths: str | Path, warn: Callable[[str], None] | None = None, **options: Any) -> Translator:
+    @spelled_out(LoadOptions)
+    def load(cls, *paths: str | Path, warn: Callable[[str], None] | None = None,
+             **options: Unpack[LoadOptions]) -> Translator:
         """The model of a checkpoint or `nmt export` safetensors file (several: an ensemble).
         `options`: device ("auto": CUDA when there is one), precision, threads, quantize ("int8"),
         cuda_graphs, max_tokens, batch_size, input_format, output_format, and any search option
@@ -118,8 +184,12 @@ class Translator:
             return None
         return self.generator.stream(config.seed)
 
-    def search_config(self, **search: Any) -> SearchConfig:
+    def search_config(self, **search: Unpack[SearchOptions]) -> SearchConfig:
         """The configured search options with `search` given for one call (checked as flags are)."""
+        unknown = sorted(set(search) - set(SearchOptions.__annotations__))
+        if unknown:
+            raise TypeError(f"unexpected option {unknown[0]!r}; the search options are "
+                            f"{', '.join(SearchOptions.__annotations__)}")
         try:
             config = dataclasses.replace(self.config.search, **search)
             check_applies(config, search, name=lambda f: f.name)
@@ -134,15 +204,16 @@ class Translator:
 
     @overload
     def translate(self, lines: str, prefixes: str | None = None, constraints: list[str] | None = None,
-                  avoid: list[str] | None = None, **search: Any) -> str: ...
+                  avoid: list[str] | None = None, **search: Unpack[SearchOptions]) -> str: ...
 
     @overload
     def translate(self, lines: list[str], prefixes: list[str] | None = None,
                   constraints: list[list[str]] | None = None, avoid: list[list[str]] | None = None,
-                  **search: Any) -> list[str]: ...
+                  **search: Unpack[SearchOptions]) -> list[str]: ...
 
+    @spelled_out(SearchOptions)
     def translate(self, lines: str | list[str], prefixes: Any = None, constraints: Any = None, avoid: Any = None,
-                  **search: Any) -> str | list[str]:
+                  **search: Unpack[SearchOptions]) -> str | list[str]:
         """The best translation of each line (an empty line: an empty one), each starting with its
         prefix when given, holding each of its `constraints` (phrases, in any order) and none of
         the phrases it should `avoid`; `search`: beam, lenpen, max_len_a, sampling, seed, ... for
@@ -154,25 +225,34 @@ class Translator:
 
     @overload
     def hypotheses(self, lines: str, prefixes: str | None = None, constraints: list[str] | None = None,
-                   avoid: list[str] | None = None, **search: Any) -> list[Translation]: ...
+                   avoid: list[str] | None = None, attention: bool = False,
+                   **search: Unpack[SearchOptions]) -> list[Translation]: ...
 
     @overload
     def hypotheses(self, lines: list[str], prefixes: list[str] | None = None,
                    constraints: list[list[str]] | None = None, avoid: list[list[str]] | None = None,
-                   **search: Any) -> list[list[Translation]]: ...
+                   attention: bool = False, **search: Unpack[SearchOptions]) -> list[list[Translation]]: ...
 
+    @spelled_out(SearchOptions)
     def hypotheses(self, lines: str | list[str], prefixes: Any = None, constraints: Any = None, avoid: Any = None,
-                   **search: Any) -> list[Translation] | list[list[Translation]]:
-        """Each line's `nbest` translations (or samples), best first, with their scores; one line
+                   attention: bool = False,
+                   **search: Unpack[SearchOptions]) -> list[Translation] | list[list[Translation]]:
+        """Each line's `nbest` translations (or samples), best first, with their scores, and with
+        `attention` each one's alignment to its source (CTranslate2's return_attention); one line
         (a str) gives its own list."""
         if isinstance(lines, str):
-            return self.hypotheses(*one_line(lines, prefixes, constraints, avoid), **search)[0]
+            return self.hypotheses(*one_line(lines, prefixes, constraints, avoid), attention=attention, **search)[0]
+        if not isinstance(attention, bool):
+            raise NmtError(f"attention={attention!r}: expected true or false")
         config = self.search_config(**search)
-        _, found = self.search(lines, config, prefixes, rng=self.stream(config, search), constraints=constraints,
-                               avoid=avoid)
-        return [[self.translation(h) for h in hyps] for hyps in found]
+        sources, found = self.search(lines, config, prefixes, rng=self.stream(config, search),
+                                     constraints=constraints, avoid=avoid)
+        return [[self.translation(h, self.alignment(source, h) if attention else None) for h in hyps]
+                for source, hyps in zip(sources, found)]
 
-    def translate_iter(self, lines: Iterable[str], chunk_lines: int = CHUNK_LINES, **search: Any) -> Iterator[str]:
+    @spelled_out(SearchOptions)
+    def translate_iter(self, lines: Iterable[str], chunk_lines: int = CHUNK_LINES,
+                       **search: Unpack[SearchOptions]) -> Iterator[str]:
         """The best translation of each line of an iterable of any length (a file, say), in order,
         holding `chunk_lines` lines at a time."""
         config = self.search_config(**search)
@@ -208,7 +288,7 @@ class Translator:
         lines = checked_lines(lines, "lines", first_number)
         for name, given in (("prefixes", prefixes), ("constraints", constraints), ("avoid", avoid)):
             if given is not None and len(given) != len(lines):
-                raise ValueError(f"{len(lines)} lines but {len(given)} {name}")
+                raise NmtError(f"{len(lines)} lines but {len(given)} {name}")
         sources = [self.source_ids(line, first_number + k) for k, line in enumerate(lines)]
         forced = None if prefixes is None else [self.prefix_ids(prefix, first_number + k)
                                                 for k, prefix in enumerate(prefixes)]
@@ -228,10 +308,10 @@ class Translator:
         limits = max_lengths(torch.tensor([len(s) for s in sources]), config,
                              self.generator.models.max_positions).tolist()
         for ids, limit, n in zip(include, limits, number):
-            if sum(map(len, ids)) > limit and not self.unfitting:
+            if sum(map(len, ids)) > limit and not self._unfitting:
                 self.warn(f"warning: line {n}: its constraints ({sum(map(len, ids))} tokens) do not fit its output's "
                           f"length limit ({limit}): it is translated without some (warned once)")
-                self.unfitting = True
+                self._unfitting = True
         return include, [self.pipeline.phrase_ids(p, n) for p, n in zip(avoid or [[]] * len(sources), number)]
 
     def source_ids(self, line: str, number: int = 1) -> list[int]:
@@ -265,9 +345,9 @@ class Translator:
         `deadline` (a draining server); None: never."""
         self.generator.models.deadline = deadline
 
-    def translation(self, hypothesis: Hypothesis) -> Translation:
+    def translation(self, hypothesis: Hypothesis, alignment: dict[str, Any] | None = None) -> Translation:
         return Translation(self.pipeline.text(hypothesis.tokens), self.pipeline.tokens(hypothesis.tokens),
-                           hypothesis.score, hypothesis.log_prob)
+                           hypothesis.score, hypothesis.log_prob, alignment)
 
     def attention(self, source: list[int], output: list[int]) -> dict[str, list[torch.Tensor]]:
         """Every attention distribution of the first model on (source, its translation)."""

@@ -29,11 +29,34 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
 
 
 def test_fp16_needs_cuda(tmp_path):
-    with pytest.raises(NmtError, match="--precision fp16 needs a CUDA device; use fp32 or bf16 on CPU"):
+    with pytest.raises(NmtError, match=r"--precision fp16 needs a GPU \(CUDA or MPS\); use fp32 or bf16 on CPU"):
         select("cpu", "fp16")
     result = CliRunner().invoke(main, ["translate", "-m", str(tiny_checkpoint(tmp_path / "m.pt")), "--device", "cpu",
                                        "--precision", "fp16"], input="a\n")
-    assert result.exit_code == 1 and "needs a CUDA device" in result.output
+    assert result.exit_code == 1 and "needs a GPU" in result.output
+
+
+def test_a_gpu_is_named_as_torch_names_it(monkeypatch, tmp_path):
+    """cuda:N picks one GPU (checked against those there are); mps is the Apple GPU; a name
+    torch would not take is refused where it is parsed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert select("cuda:1", "auto") == (torch.device("cuda", 1), torch.bfloat16)
+    assert select("cuda", "fp32", index=1) == (torch.device("cuda", 1), torch.float32)  # torchrun's local rank
+    with pytest.raises(NmtError, match=r"^--device cuda:2: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1$"):
+        select("cuda:2", "auto")
+    with pytest.raises(NmtError, match="under torchrun give --device cuda"):
+        select("cuda:1", "auto", index=1)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert select("mps", "auto") == (torch.device("mps"), torch.float32)
+    assert select("mps", "fp16") == (torch.device("mps"), torch.float16)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(NmtError, match=r"^--device mps: no Apple GPU \(MPS\) is available here; use cpu$"):
+        select("mps", "auto")
+    result = CliRunner().invoke(main, ["translate", "-m", str(tiny_checkpoint(tmp_path / "m.pt")), "--device", "gpu"],
+                                input="a\n")
+    assert result.exit_code == 2 and "device='gpu': expected auto, cpu, cuda, cuda:N or mps" in result.output
 
 
 def test_bf16_on_the_cpu(tmp_path):

@@ -14,13 +14,13 @@ LAYERS = (
     ("the paper's model", {"model"}),
     ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "controls", "constraints", "search",
                                  "sampling"}),
-    ("models in use", {"checkpoint", "averaging", "generator", "pipeline", "records", "peers", "schedule",
+    ("models in use", {"checkpoint", "averaging", "report", "generator", "pipeline", "records", "peers", "schedule",
                        "trainer", "epochs", "progress", "runlog", "savedir", "workers", "score", "plot", "release",
                        "release_transformers", "release_marian"}),
-    ("the commands and the API", {"translator", "translate", "train", "preprocess", "export", "marian", "serve",
+    ("the commands and the API", {"translator", "card", "translate", "train", "preprocess", "export", "marian", "serve",
                                   "importer", "batcher", "connections", "schemas", "access", "metrics", "pairs",
                                   "libretranslate"}),
-    ("the command line and the package", {"flags", "cli", "__main__", "__init__"}),
+    ("the command line and the package", {"flags", "command", "cli", "__main__", "__init__"}),
 )
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 from conftest import NEEDS_CTRANSLATE2, block_import, tiny_checkpoint, tiny_sentencepiece_checkpoint
 
@@ -128,15 +129,50 @@ def test_the_model_card_says_what_the_model_is_and_was_trained_on(exported):
     modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp / "hf").iterdir()}
     assert len(set(modes.values())) == 1, modes  # the weights as readable as every other file
     params = sum(p.numel() for p in {id(p): p for p in bundle.model.parameters()}.values())
-    assert card.startswith("---\nlicense: other") and "language:\n- src\n- tgt\n" in card
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["license"] == "other" and front["license_link"] == "LICENSE" and front["language"] == ["src", "tgt"]
+    assert "has not been set" in (tmp / "hf/LICENSE").read_text()
+    assert "## Intended use and limitations" in card and "Inputs longer than 63 pieces are cut" in card
+    assert "@inproceedings{vaswani2017attention" in card
     assert f"{params:,} parameters" in card and "2 encoder and 2 decoder layers, d_model 32" in card
     assert "- train: train.src, train.tgt (400 pairs)\n- valid: valid.src, valid.tgt (40 pairs)\n" in card
     assert "- updates: 400" in card and "AutoModelForSeq2SeqLM.from_pretrained" in card
     assert "`generate` stops an output after 63 tokens, `nmt translate` after 1 x its source's tokens + 50" in card
     if bundle.src_vocab is bundle.tgt_vocab:
-        assert "BLEU" not in card
+        assert "BLEU" not in card and "model-index" not in front
     else:  # trained with --eval-bleu
         assert "- best validation BLEU in training: " in card and "sacreBLEU nrefs:1|case:mixed|eff:no|tok:13a" in card
+        (result,) = front["model-index"][0]["results"]
+        assert result["dataset"] == {"name": "valid.src, valid.tgt", "type": "valid"}
+        assert result["metrics"][0]["type"] == "bleu" and "tok:13a" in result["metrics"][0]["args"]
+
+
+def test_the_card_scores_a_test_set_as_nmt_score_does_and_states_the_licence(exported, tmp_path):
+    """`--eval SRC REF`: the checkpoint's translations of SRC scored against REF, the same scores
+    as `nmt translate` then `nmt score` give, in the card and its model-index."""
+    tmp, _, _ = exported
+    model, source, reference = tmp / "ck/checkpoint_last.pt", tmp / "raw/valid.src", tmp / "raw/valid.tgt"
+    result = run("export", "-m", model, "--format", "transformers", "-o", tmp_path / "hf", "--eval", source, reference,
+                 "--license", "apache-2.0")
+    assert result.exit_code == 0, result.output
+    card = (tmp_path / "hf/README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["license"] == "apache-2.0" and "license_name" not in front
+    assert not (tmp_path / "hf/LICENSE").exists()
+    translated = run("translate", "-m", model, "-i", source, "-o", tmp_path / "hyp", "--device", "cpu")
+    assert translated.exit_code == 0, translated.output
+    scores = [json.loads(line) for line in run("score", "-r", reference, "-i", tmp_path / "hyp", "-m", "bleu", "-m",
+                                               "chrf", "--json").stdout.splitlines()]
+    test = front["model-index"][0]["results"][-1]
+    assert test["dataset"] == {"name": "valid.src, valid.tgt", "type": "test"}
+    assert [(m["type"], m["value"]) for m in test["metrics"]] == [(s["metric"], round(s["score"], 2)) for s in scores]
+    assert f"- valid.src, valid.tgt (beam 4, length penalty 0.6): {scores[0]['text']}" in card
+    for flags, message in ((["--license", "mit", "--license-name", "x"], "--license-name applies only with "
+                                                                          "--license other"),
+                           (["--format", "ctranslate2", "--eval", source, reference], "--eval applies only to "
+                                                                                       "--format transformers")):
+        result = run("export", "-m", model, "--format", "transformers", "-o", tmp_path / "x", *flags)
+        assert result.exit_code == 2 and message in result.output, result.output
 
 
 def test_our_sinusoid_permuted_is_marians():

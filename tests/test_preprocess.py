@@ -391,3 +391,4 @@ def test_a_byte_order_mark_opening_a_file_is_no_word(tmp_path):
     assert preprocess(raw).exit_code == 0
     for lang in ("en", "de"):
         assert "\ufeff" not in (tmp_path / f"out/dict.{lang}.txt").read_text(encoding="utf-8")
+

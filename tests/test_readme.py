@@ -27,20 +27,56 @@ def test_main_job_shares_the_setup_and_runs_the_quickstart():
     assert ROOT.joinpath("data/quickstart.sh").is_file()
 
 
-def test_the_python_api_examples_run(tmp_path, monkeypatch, capsys):
-    """The README's Python API section, run as written on a tiny model named as it names it."""
+@pytest.mark.parametrize("page, lines", [("README.md", 2), ("docs/python-api.md", 2 + 3 + 1 + 2 + 1 + 6)])
+def test_the_python_api_examples_run(tmp_path, monkeypatch, capsys, page, lines):
+    """The Python API examples, run as written on a tiny model named as they name it: the README's
+    (one str, then a list) and the reference page's (a list, one str, 3-best, an alignment, a
+    prefix, a sample, a score, 6 lines of a file)."""
     from conftest import tiny_checkpoint, write_lines
 
-    text = ROOT.joinpath("README.md").read_text()
-    section = text.split("## Python API", 1)[1].split("\n## ", 1)[0]
-    (example,) = re.findall(r"```python\n(.+?)\n```", section, re.S)
+    (example,) = re.findall(r"```python\n(.+?)\n```", ROOT.joinpath(page).read_text(), re.S)
     monkeypatch.chdir(tmp_path)
     tiny_checkpoint(tmp_path / "avg.pt", symbols="AaBbMmEeFfinrdT.", max_positions=16)
     write_lines(tmp_path / "test.en", ["A man rides .", "Two dogs ."] * 3)
-    exec(compile(example, "README.md", "exec"), {})
+    exec(compile(example, page, "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 2 + 3 + 2 + 1 + 6  # translations (a list, one str), 3-best, prefix, sample, score, 6 lines
-    assert printed[0].startswith("[") and not printed[1].startswith("[")  # a list gives a list, a str a str
+    assert len(printed) == lines
+    one, many = (0, 1) if page == "README.md" else (1, 0)
+    assert printed[many].startswith("[") and not printed[one].startswith("[")  # a list gives a list, a str a str
+
+
+@pytest.mark.slow
+def test_the_quick_tour_runs_as_written(tmp_path, monkeypatch):
+    """The README's Quick tour, in a shell from a copy of the checkout's data/, on Multi30k cut to
+    300 training pairs and 20 test lines, with 200 merges and 5 updates (a checkpoint each)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import MULTI30K, head, write_lines
+
+    text = ROOT.joinpath("README.md").read_text()
+    section = text.split("## Quick tour", 1)[1].split("\n## ", 1)[0]
+    (commands,) = re.findall(r"```bash\n(.+?)\n```", section, re.S)
+    download, *rest = commands.replace("\\\n", "").splitlines()
+    assert download.startswith("bash data/get_multi30k.sh raw")
+    (tmp_path / "data").symlink_to(ROOT / "data")
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                   "MULTI30K_DIR": str(MULTI30K)}
+    run = {"cwd": tmp_path, "env": environment, "capture_output": True, "text": True, "timeout": 600}
+    done = subprocess.run(["bash", "-c", download], **run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name, lines in (("train", 300), ("test_2016_flickr", 20)):
+        for lang in ("en", "de"):
+            write_lines(tmp_path / f"raw/{name}.{lang}", head(tmp_path / f"raw/{name}.{lang}", lines))
+    script = "\n".join(rest).replace("--bpe-merges 8000", "--bpe-merges 200 --quiet")
+    script = script.replace("--max-time 25 --save-interval-minutes 2", "--max-updates 5 --save-interval-updates 1 "
+                            "--quiet --threads 2")
+    assert "--max-updates 5" in script and "--bpe-merges 200" in script
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], **run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len((tmp_path / "test.hyp.de").read_text().splitlines()) == 20
+    assert done.stdout.splitlines()[-1].startswith("BLEU")  # nmt score's line
 
 
 @pytest.mark.slow
@@ -71,3 +107,13 @@ def test_start_from_a_released_model_runs_as_written(tmp_path, monkeypatch):
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "my-ckpt/checkpoint_last.pt").is_file()
     assert "en-mg" in done.stdout  # nmt info -m: the release's languages
+
+
+def test_every_link_of_the_readme_and_the_docs_leads_to_a_file():
+    for page in [ROOT / "README.md", *ROOT.glob("docs/*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def test_the_readme_is_a_front_page():
+    assert len(ROOT.joinpath("README.md").read_text().splitlines()) <= 200

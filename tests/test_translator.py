@@ -133,12 +133,63 @@ def test_options_are_checked_as_flags_are(model_path):
                              ({"sampling": True, "beam": 5}, "beam applies only to beam search")]:
         with pytest.raises(NmtError, match=message):
             translator.translate(["a b"], **options)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^unexpected option 'bean'; the search options are beam, lenpen, "):
         translator.translate(["a b"], bean=4)
     with pytest.raises(TypeError, match="unexpected option 'format'"):
         Translator.load(model_path, format="jsonl")
     with pytest.raises(NmtError, match="no such checkpoint"):
         Translator.load(model_path.parent / "missing.pt")
+
+
+def test_search_options_are_keywords_typed_as_their_fields():
+    """help(), IDEs and type checkers see every option with its type; the typed lists and the
+    config fields they stand for stay one list."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from nmt_cli.config import SearchConfig, TranslateConfig
+    from nmt_cli.translator import LoadOptions, SearchOptions
+
+    for options, config in ((SearchOptions, SearchConfig), (LoadOptions, TranslateConfig)):
+        fields = {f.name: f for f in dataclasses.fields(config)}
+        hints, field_hints = typing.get_type_hints(options), typing.get_type_hints(config)
+        search = options is SearchOptions
+        own = {k: v for k, v in hints.items() if search or k not in SearchOptions.__annotations__}
+        assert set(own) == set(fields) if search else set(own) <= set(fields)
+        for name, hint in own.items():
+            literals = [a for a in (hint, *typing.get_args(hint)) if typing.get_origin(a) is typing.Literal]
+            if literals:  # a Literal of the field's choices, where it has them
+                assert set(typing.get_args(literals[0])) == set(fields[name].metadata["choices"]), name
+            else:
+                assert hint == field_hints[name], name
+    shown = inspect.signature(Translator.hypotheses).parameters
+    assert shown["beam"].kind is inspect.Parameter.KEYWORD_ONLY and shown["beam"].annotation is int
+    assert shown["beam"].default == 4 and "search" not in shown and "attention" in shown
+    assert inspect.signature(Translator.load).parameters["device"].default == "auto"
+    assert issubclass(NmtError, ValueError)  # caught as any bad value is
+
+
+def test_attention_gives_each_hypothesis_its_alignment(model_path):
+    """As CTranslate2's return_attention: each hypothesis with its source-target alignment; the
+    best one's is what `nmt translate --format jsonl --attention` writes."""
+    import json
+
+    translator = Translator.load(model_path, device="cpu", beam=3)
+    found = translator.hypotheses(LINES, nbest=2, attention=True)
+    records = [json.loads(line) for line in cli(model_path, "--beam", 3, "--format", "jsonl", "--attention")]
+    for nbest, record in zip(found, records):
+        if not nbest:
+            assert "attention" not in record
+            continue
+        assert nbest[0].alignment == record["attention"]
+        for hypothesis in nbest:
+            weights = torch.tensor(hypothesis.alignment["weights"])
+            assert weights.shape[0] == len(hypothesis.tokens) + 1  # each output token and </s>
+            assert torch.allclose(weights.sum(1), torch.ones(weights.shape[0]), atol=1e-4)
+    assert all(h.alignment is None for h in translator.hypotheses("a b", nbest=2))
+    with pytest.raises(NmtError, match="^attention='yes': expected true or false$"):
+        translator.hypotheses(["a b"], attention="yes")
 
 
 def test_iteration_translates_any_number_of_lines_a_chunk_at_a_time(model_path, monkeypatch):

@@ -1,0 +1,118 @@
+"""What every `nmt` command has: `--config FILE`, a YAML file of its options (the long option
+names as keys, as OpenNMT-py's and Marian's users describe a run), which flags on the command
+line override; `--dump-config`, the options it would run with as such a file; its reference page
+named in --help; and the library's errors printed as one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nmt_cli.errors import NmtError
+
+DUMP = "nmt_cli.dump_config"  # ctx.meta: --dump-config was given
+
+
+class Command(click.Command):
+    """A command with --config and --dump-config; its --help ends with its page in docs/ (`page`:
+    the page's name, by default the command's)."""
+
+    def __init__(self, name: str | None, *args: Any, page: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", f"Reference: docs/{page or name}.md in nmt-cli's source.")
+        super().__init__(name, *args, **kwargs)
+        self.params.append(click.Option(
+            ["--config"], type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
+            expose_value=False, callback=read_config,
+            help="Options from this YAML file (keys: the long option names); flags given here override it."))
+        self.params.append(click.Option(
+            ["--dump-config"], is_flag=True, expose_value=False,
+            callback=lambda ctx, _, on: ctx.meta.update({DUMP: on}),
+            help="Print the options this command would run with, as a --config file, and exit."))
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if ctx.meta.get(DUMP):
+            click.echo(dump_config(self, ctx.params), nl=False)
+            return None
+        return super().invoke(ctx)
+
+
+class Group(click.Group):
+    """Turns the library's user errors into one-line click errors (exit code 1, no traceback);
+    its commands are Commands, its groups Groups."""
+
+    command_class = Command
+    group_class = type  # a subgroup is a Group too
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NmtError as e:
+            raise click.ClickException(str(e)) from None
+
+
+def option_keys(command: click.Command) -> dict[str, tuple[str, bool]]:
+    """The keys a config file may use for `command`'s parameters: each long option name (an
+    off-switch such as --no-bar negates its value) and each parameter's own name, with dashes or
+    underscores -> (parameter name, negated)."""
+    keys: dict[str, tuple[str, bool]] = {}
+    for param in command.params:
+        if param.name is None or param.name in ("config", "dump_config", "help"):
+            continue
+        for names, negated in ((param.opts, False), (getattr(param, "secondary_opts", []), True)):
+            keys.update({name[2:]: (param.name, negated) for name in names if name.startswith("--")})
+        keys.setdefault(param.name.replace("_", "-"), (param.name, False))
+    return keys
+
+
+def read_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> None:
+    """Make the options of the YAML file at `path` the command's defaults (ctx.default_map), so
+    that flags given on the command line override them; an unknown key is refused naming it."""
+    if path is None:
+        return
+    import yaml
+
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f":{where.line + 1}" if where is not None else ""
+        raise click.ClickException(f"{path}{line}: not a YAML file ({getattr(e, 'problem', None) or e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.ClickException(f"{path}: unreadable ({e})") from None
+    values = {} if values is None else values  # an empty file
+    if not isinstance(values, dict):
+        raise click.ClickException(f"{path}: expected option: value lines (a YAML mapping), "
+                                   f"got a {type(values).__name__}")
+    keys, defaults = option_keys(ctx.command), {}
+    for key, value in values.items():
+        if str(key).replace("_", "-") not in keys:
+            raise click.ClickException(f"{path}: {key!r} is not an option of `nmt {ctx.info_name}` "
+                                       f"(see nmt {ctx.info_name} --help)")
+        name, negated = keys[str(key).replace("_", "-")]
+        defaults[name] = (not value) if negated and isinstance(value, bool) else value
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+def dump_config(command: click.Command, params: dict[str, Any]) -> str:
+    """`params` as a YAML config file of `command`: each set value under its long option name
+    (unset ones, None, left out)."""
+    import yaml
+
+    names: dict[str, str] = {}
+    for key, (name, negated) in option_keys(command).items():
+        if not negated:
+            names.setdefault(name, key)  # its first long option name
+    plain = {names[param.name]: _plain(params[param.name]) for param in command.params
+             if param.name in names and params.get(param.name) is not None}
+    return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+def _plain(value: Any) -> Any:
+    """A parameter's value as YAML writes it: paths as text, tuples as lists."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,92 @@
+"""Every command's --config FILE (YAML, the command line overriding it), --dump-config, and its
+reference page named in --help."""
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from conftest import cli, synthetic_data_dir, tiny_checkpoint
+
+from nmt_cli.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def commands(group: click.Group = main, prefix: str = "") -> dict[str, click.Command]:
+    found = {}
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found.update(commands(command, f"{prefix}{name} "))
+        else:
+            found[prefix + name] = command
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(commands()))
+def test_every_command_takes_a_config_file_and_names_its_page(name):
+    result = cli(*name.split(), "--help")
+    assert result.exit_code == 0 and "--config FILE" in result.output and "--dump-config" in result.output
+    page = result.output.rsplit("Reference: ", 1)[1].split()[0]
+    assert (ROOT / page).is_file(), page
+
+
+def test_a_config_file_sets_options_and_the_command_line_overrides_it(tmp_path):
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    lines = "a b c d\np o n m l k\nf g h i j k l\n"
+    config = tmp_path / "search.yaml"
+    config.write_text("beam: 1\nmax_len_b: 3\nmax-len-a: 0\n")  # dashes or underscores
+    by_flags = cli("translate", "-m", model, "--device", "cpu", "--beam", 1, "--max-len-b", 3, "--max-len-a", 0,
+                   input=lines)
+    by_file = cli("translate", "-m", model, "--device", "cpu", "--config", config, input=lines)
+    assert by_file.exit_code == 0 and by_file.stdout == by_flags.stdout
+    overridden = cli("translate", "-m", model, "--device", "cpu", "--config", config, "--max-len-b", 6, input=lines)
+    assert overridden.stdout == cli("translate", "-m", model, "--device", "cpu", "--beam", 1, "--max-len-b", 6,
+                                    "--max-len-a", 0, input=lines).stdout != by_file.stdout
+    config.write_text(f"model: [{model}]\ndevice: cpu\nsampling: true\nbeam: 2\n")  # a setting that does not apply
+    refused = cli("translate", "--config", config, input=lines)
+    assert refused.exit_code == 2 and "beam applies only to beam search" in refused.output
+
+
+@pytest.mark.parametrize("text, message", [
+    ("max-tokens: 100\nbogus_option: 1\n", "{path}: 'bogus_option' is not an option of `nmt train` "
+                                           "(see nmt train --help)"),
+    ("max-tokens: [1\n", "{path}:2: not a YAML file (expected ',' or ']', but got '<stream end>')"),
+    ("- max-tokens\n", "{path}: expected option: value lines (a YAML mapping), got a list"),
+])
+def test_a_bad_config_file_is_one_line_naming_it(tmp_path, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    result = cli("train", tmp_path, "--save-dir", tmp_path / "ckpt", "--config", path)
+    assert result.exit_code == 1 and result.output == f"Error: {message.format(path=path)}\n"
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_the_dumped_configuration_reads_back_and_trains(tmp_path):
+    """--dump-config prints every option, defaults included, under its long name; read back as
+    --config it is the same run (defaults that would not apply are not taken as given)."""
+    data = synthetic_data_dir(tmp_path, n_train=40, n_valid=8)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("arch: small\nd_model: 32\nd-ff: 64\nheads: 2\nencoder-layers: 1\ndecoder-layers: 1\n"
+                      "lr-schedule: linear\nlr: 0.001\nwarmup: 2\ndevice: cpu\nthreads: 1\nno-scale-embeddings: true\n")
+    dumped = cli("train", data, "--save-dir", tmp_path / "ckpt", "--config", recipe, "--max-updates", 3, "--quiet",
+                 "--dump-config")
+    assert dumped.exit_code == 0, dumped.output
+    values = yaml.safe_load(dumped.stdout)
+    assert values["lr-scale"] == 1.0 and values["scale-embeddings"] is False and values["max-updates"] == 3
+    assert values["data-dir"] == str(data) and values["d-model"] == 32 and not (tmp_path / "ckpt").exists()
+    (tmp_path / "dumped.yaml").write_text(dumped.stdout)
+    assert cli("train", "--config", tmp_path / "dumped.yaml", "--dump-config").stdout == dumped.stdout
+    trained = cli("train", "--config", tmp_path / "dumped.yaml")
+    assert trained.exit_code == 0, trained.output
+    assert (tmp_path / "ckpt/checkpoint_last.pt").is_file()
+    architecture = json.loads(cli("info", "-m", tmp_path / "ckpt/checkpoint_last.pt", "--json").stdout)["architecture"]
+    assert "d_model 32" in architecture and "scale_embeddings False" in architecture
+
+
+def test_the_quickstart_recipe_is_a_config_file_of_nmt_train():
+    recipe = ROOT / "data/quickstart.yaml"
+    values = yaml.safe_load(recipe.read_text())
+    assert values["arch"] == "small" and values["lr-schedule"] == "linear"
+    assert f"--config {recipe.relative_to(ROOT)}" in (ROOT / "data/quickstart.sh").read_text()
