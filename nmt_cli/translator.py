@@ -107,16 +107,27 @@ def one_line(line: str, prefix: str | None, constraints: list[str] | None,
             None if avoid is None else [avoid])
 
 
-def checked_lines(lines: Any, what: str = "lines", first_number: int = 1) -> list[str]:
+def checked_lines(lines: Any, what: str = "lines", first_number: int = 1, item: str = "line") -> list[str]:
     """`lines` as a list of str, or an NmtError naming what is not one (a file opened in binary
-    mode gives bytes)."""
+    mode gives bytes); `item`: what each is called."""
     if not isinstance(lines, (list, tuple)):
-        raise NmtError(f"{what}: expected a list of str (or one str), got {type(lines).__name__}")
+        one = " (or one str)" if what == "lines" else ""
+        raise NmtError(f"{what}: expected a list of str{one}, got {type(lines).__name__}")
     for number, line in enumerate(lines, first_number):
         if not isinstance(line, str):
             hint = " (open files in text mode: open(path, encoding='utf-8'))" if isinstance(line, bytes) else ""
-            raise NmtError(f"{what}: line {number} is {type(line).__name__}, not str{hint}")
+            raise NmtError(f"{what}: {item} {number} is {type(line).__name__}, not str{hint}")
     return list(lines)
+
+
+def checked_phrases(given: Any, what: str, first_number: int = 1) -> list[list[str]] | None:
+    """Each line's phrases (`constraints` or `avoid`) as a list of str (None for a line: none)."""
+    if given is None:
+        return None
+    if not isinstance(given, (list, tuple)):
+        raise NmtError(f"{what}: expected a list of phrases for each line, got {type(given).__name__}")
+    return [checked_lines(phrases or [], f"{what} of line {number}", item="phrase")
+            for number, phrases in enumerate(given, first_number)]
 
 
 def model_search(bundle: ModelBundle, given: dict[str, Any]) -> SearchConfig:
@@ -283,9 +294,12 @@ class Translator:
                first_number: int = 1, rng: torch.Generator | None = None, constraints: list[list[str]] | None = None,
                avoid: list[list[str]] | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """The source ids of `lines` and their hypotheses; lines are numbered from `first_number`
-        in warnings. Samples continue the translator's random stream, or with `reseed`, start one
-        from `config.seed` (a seed given for one call repeats its samples)."""
+        in warnings. Samples continue the translator's random stream, or `rng` (a seed given for
+        one call repeats its samples)."""
         lines = checked_lines(lines, "lines", first_number)
+        prefixes = None if prefixes is None else checked_lines(prefixes, "prefixes", first_number)
+        constraints, avoid = checked_phrases(constraints, "constraints", first_number), \
+            checked_phrases(avoid, "avoid", first_number)
         for name, given in (("prefixes", prefixes), ("constraints", constraints), ("avoid", avoid)):
             if given is not None and len(given) != len(lines):
                 raise NmtError(f"{len(lines)} lines but {len(given)} {name}")

@@ -81,6 +81,14 @@ def test_what_is_not_a_line_or_an_option_is_refused_naming_it(model_path, tmp_pa
         list(translator.translate_iter(None))
     with pytest.raises(NmtError, match="^targets: line 1 is bytes, not str"):
         translator.score(["a b"], [b"b a"])
+    for options, message in (({"prefixes": "a"}, "prefixes: expected a list of str, got str"),
+                             ({"prefixes": [3]}, "prefixes: line 1 is int, not str"),
+                             ({"constraints": ["a"]}, "constraints of line 1: expected a list of str, got str"),
+                             ({"avoid": [[b"a"]]}, "avoid of line 1: phrase 1 is bytes, not str"),
+                             ({"constraints": [["a"], ["b"]]}, "1 lines but 2 constraints")):
+        with pytest.raises(NmtError, match=f"^{re.escape(message)}"):
+            translator.translate(["a b"], **options)
+    assert translator.translate(["a b"], avoid=[None]) == translator.translate(["a b"])  # None: no phrases
 
 
 def test_a_seeded_call_samples_the_same_whatever_runs_beside_it(model_path):
