@@ -17,6 +17,7 @@ from nmt_cli.config import PreprocessConfig, SearchConfig, ServeConfig, TextConf
 from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
 from nmt_cli.options import flag_name
+from nmt_cli.report import print_summary, print_table
 from nmt_cli.version import __version__
 
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")  # CT2's
@@ -59,13 +60,9 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | N
         if as_json:
             click.echo(json.dumps(about, ensure_ascii=False))
             return
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"nmt-cli checkpoint {model.name}", show_header=False)
-        for key, value in about.items():
-            table.add_row(key, ", ".join(map(str, value)) or "none" if isinstance(value, list) else str(value))
-        Console().print(table)
+        print_table(f"nmt-cli checkpoint {model.name}", [(key, ", ".join(map(str, value)) or "none"
+                                                          if isinstance(value, list) else str(value))
+                                                         for key, value in about.items()])
         return
     config = build_model_config(arch, overrides)
     shared = tgt_vocab_size is None
@@ -81,18 +78,12 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | N
     if as_json:
         click.echo(json.dumps(result))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"nmt-cli architecture ({arch})", show_header=False)
-    for key, value in config.to_dict().items():
-        table.add_row(key, str(value))
-    table.add_row("vocabulary", f"{vocab_size} shared (3-way tying)" if shared
-                  else f"{vocab_size} source / {tgt_vocab_size} target (2-way tying)")
-    table.add_row("parameters", f"{params:,} ({params / 1e6:.1f}M)")
-    if row:
-        table.add_row("paper (Table 3)", f"{row.name}: {row.params_m:g}M")
-    Console().print(table)
+    vocabulary = f"{vocab_size} shared (3-way tying)" if shared else \
+        f"{vocab_size} source / {tgt_vocab_size} target (2-way tying)"
+    print_table(f"nmt-cli architecture ({arch})", [
+        *((key, str(value)) for key, value in config.to_dict().items()), ("vocabulary", vocabulary),
+        ("parameters", f"{params:,} ({params / 1e6:.1f}M)"), *([("paper (Table 3)", f"{row.name}: {row.params_m:g}M")]
+                                                              if row else [])])
 
 
 # What `nmt preprocess --from-data` (or --from-model) takes from the data directory (or checkpoint),
@@ -120,7 +111,6 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
 
     from nmt_cli.datadir import DataDir
     from nmt_cli.preprocess import model_pipeline, preprocess
-    from nmt_cli.report import print_summary
 
     text = build(TextConfig, **fields_of(TextConfig, options))
     if from_data is not None and from_model is not None:
@@ -207,9 +197,13 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
               help="Input file, one sentence per line [default: stdin].")
 @click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Output file, written when complete [default: stdout].")
+@click.option("--shortlist", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A lexical shortlist of `nmt shortlist`: each batch outputs only its sources' candidates and the "
+                   "frequent target tokens (faster on a CPU).")
 @config_options(SearchConfig)
 @config_options(TranslateConfig)
-def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, **options: Any) -> None:
+def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, shortlist: Path | None,
+              **options: Any) -> None:
     """Translate raw text with batched beam search.
 
     Beam search with the length penalty of §6.1 (or sampling); raw text in, detokenized text out."""
@@ -236,7 +230,29 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
         pyplot()  # fail before translating anything when matplotlib is missing
         plot_directory(config.attention_plot)
     translate_file(list(models), input_path, output_path, config,
-                   given_flags() & set(SearchConfig.__dataclass_fields__))
+                   given_flags() & set(SearchConfig.__dataclass_fields__), shortlist)
+
+
+@main.command("shortlist")
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The shortlist file to write.")
+@click.option("--first", type=click.IntRange(min=0), default=100, show_default=True,
+              help="The most frequent target tokens, always candidates.")
+@click.option("--best", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Candidates per source token: the targets most likely aligned to it (IBM model 1).")
+def shortlist(data_dir: Path, output: Path, first: int, best: int) -> None:
+    """Make a lexical shortlist from a data directory's training split.
+
+    For `nmt translate --shortlist` (and the API, the server, a CTranslate2 export)."""
+    from nmt_cli.files import destination
+    from nmt_cli.shortlist import make
+
+    if first == best == 0:
+        raise click.UsageError("--first 0 --best 0 would shortlist no token; give either")
+    make(data_dir, first, best).save(destination(output, "shortlist"))
+    click.echo(f"shortlist of {data_dir} to {output}: the {first} most frequent target tokens and {best} per "
+               f"source token", err=True)
 
 
 @main.command("import")
@@ -271,12 +287,14 @@ def import_model(source: Path, output: Path) -> None:
               help="Directory (ctranslate2, transformers) or .safetensors file.")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="float32", show_default=True,
               help="ctranslate2: store the weights in this type.")
+@click.option("--shortlist", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map (use_vmap=True).")
 @config_options(CardConfig)
 @click.option("--eval", "evaluations", nargs=2, multiple=True, metavar="SRC REF",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="transformers: translate SRC and score it against REF (sacreBLEU's BLEU and chrF) for the model "
                    "card (repeatable).")
-def export(model: Path, fmt: str, output: Path, quantization: str | None,
+def export(model: Path, fmt: str, output: Path, quantization: str | None, shortlist: Path | None,
            evaluations: tuple[tuple[Path, Path], ...], **card: Any) -> None:
     """Export to CTranslate2, transformers or safetensors.
 
@@ -285,7 +303,8 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None,
     from nmt_cli.files import destination
 
     output = destination(output, "export")
-    flags = {"quantization": ("--quantization", "ctranslate2"), "evaluations": ("--eval", "transformers"),
+    flags = {"quantization": ("--quantization", "ctranslate2"), "shortlist": ("--shortlist", "ctranslate2"),
+             "evaluations": ("--eval", "transformers"),
              **{f.name: (flag_name(f), "transformers") for f in dataclasses.fields(CardConfig)}}
     for name in sorted(given_flags() & flags.keys()):
         flag, only = flags[name]
@@ -303,8 +322,10 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None,
         save_transformers(load(model), model, output, card_config, [evaluate(model, *pair) for pair in evaluations])
     else:
         from nmt_cli.export import save_ctranslate2
+        from nmt_cli.translator import load_shortlist
 
-        save_ctranslate2(load_bundle(model), output, quantization)
+        bundle = load_bundle(model)
+        save_ctranslate2(bundle, output, quantization, None if shortlist is None else load_shortlist(shortlist, bundle))
     click.echo(f"exported {model} to {output} ({fmt})", err=True)
 
 

@@ -367,8 +367,7 @@ class ServeConfig(Options):
     port: int = knob(8080, "Port to listen on.", min=1, max=65535)
     max_sentences: int = knob(1000, "Most sentences in one request.", min=1)
     max_chars: int = knob(10000, "Most characters in one sentence.", min=1)
-    max_beam: int = knob(16, "Largest beam (and n-best) a request may ask for.", min=1,
-                          max=BEAM_MAX)
+    max_beam: int = knob(16, "Largest beam (and n-best) a request may ask for.", min=1, max=BEAM_MAX)
     max_hypotheses: int = knob(8192, "Most sentences x beam in one request.", min=1)
     max_output_tokens: int = knob(256, "Most output tokens of a sentence: every search stops there, and a request "
                                    "may not ask for a larger max_len_b.", min=1)
@@ -382,8 +381,7 @@ class ServeConfig(Options):
                                         "server from a browser (repeatable).")
     api_keys: Path | None = knob(None, "A file of API keys, one per line (read again on SIGHUP): requests other than "
                                  "/, /health, /languages and the API's description then need `Authorization: "
-                                 "Bearer KEY` (or LibreTranslate's api_key).",
-                                 path=_EXISTING_FILE)
+                                 "Bearer KEY` (or LibreTranslate's api_key).", path=_EXISTING_FILE)
     rate_limit: int | None = knob(None, "Requests a minute per API key (without keys: per client address); the next "
                                   "are answered 429 with Retry-After.", min=1)
     access_log: bool = knob(False, "Log a line per request: client, method, path, status, milliseconds.")
@@ -392,6 +390,8 @@ class ServeConfig(Options):
     max_tokens: int = knob(2048, "Source tokens per search (padding included): a request with more is cut into "
                                  "several, and waiting requests take turns, so none waits for more than about "
                                  "one search.", min=1)
+    shortlist: tuple[str, ...] = knob((), "[SRC-TGT=]FILE: a lexical shortlist of `nmt shortlist` for the model of "
+                                      "a pair (of the one pair served, without SRC-TGT=); repeatable.")
     drain_seconds: int = knob(30, "On SIGTERM, how long the requests in flight may take to finish; those that "
                                "cannot are answered 503.", min=0, max=3600)
     device: str = _device_knob()

@@ -24,6 +24,7 @@ class OutputControls:
     min_len: int = 0
     no_repeat_ngram_size: int = 0
     repetition_penalty: float = 1.0
+    eos: int = EOS_ID  # its column (search.OutputLayer: a shortlist's columns are not the vocabulary's ids)
 
     @classmethod
     def of(cls, config: SearchConfig, never: list[int], device: torch.device) -> OutputControls:
@@ -37,7 +38,7 @@ class OutputControls:
             lp.scatter_(1, output, lp.gather(1, output) * self.repetition_penalty)
         lp[:, self.banned] = -math.inf
         if step < self.min_len:
-            lp[:, EOS_ID] = -math.inf
+            lp[:, self.eos] = -math.inf
         n = self.no_repeat_ngram_size
         if n and output.size(1) >= n:
             lp.masked_fill_(repeated_ngram_ends(output, n, lp.size(1)), -math.inf)

@@ -23,10 +23,13 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import MARKER, write_directory
 from nmt_cli.model import MultiHeadAttention, Transformer
+from nmt_cli.shortlist import Shortlist
 
 
-def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = None) -> None:
-    """A CTranslate2 model directory of `bundle`, with the text pipeline's files beside it."""
+def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = None,
+                     shortlist: Shortlist | None = None) -> None:
+    """A CTranslate2 model directory of `bundle`, with the text pipeline's files beside it, and a
+    `shortlist` as CTranslate2's vocabulary map (`translate_batch(..., use_vmap=True)`)."""
     try:
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
@@ -61,8 +64,20 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
     def write(tmp: Path) -> None:
         spec.save(str(tmp))
         text_files(bundle, tmp)
+        if shortlist is not None:
+            (tmp / "vmap.txt").write_text(vocabulary_map(shortlist, bundle), encoding="utf-8")
 
     write_export(out, write)
+
+
+def vocabulary_map(shortlist: Shortlist, bundle: ModelBundle) -> str:
+    """A shortlist as CTranslate2's vocabulary map: the always-candidates after an empty source,
+    then each source token with its candidates (`source<TAB>target target ...`)."""
+    source, target = bundle.src_vocab.tokens, bundle.tgt_vocab.tokens
+    lines = ["\t" + " ".join(target[i] for i in shortlist.frequent)]
+    lines += [f"{source[i]}\t{' '.join(target[t] for t in row[row >= 0])}"
+              for i, row in enumerate(shortlist.candidates) if (row >= 0).any() and i < len(source)]
+    return "\n".join(lines) + "\n"
 
 
 # What an export writes (CTranslate2's, transformers' in marian.py): a directory holding only these
@@ -70,7 +85,7 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
                 "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json", "model.safetensors",
                 "generation_config.json", "source.spm", "target.spm", "vocab.json", "target_vocab.json",
-                "spm.target.model", "tokenizer_config.json", "README.md", "LICENSE"}
+                "spm.target.model", "tokenizer_config.json", "README.md", "LICENSE", "vmap.txt"}
 
 
 def _check_destination(out: Path) -> None:

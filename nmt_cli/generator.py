@@ -7,6 +7,7 @@ through a Generator; text is pipeline.py's business."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import secrets
 import warnings
@@ -24,6 +25,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
 from nmt_cli.sampling import sample
 from nmt_cli.search import Ensemble, Hypothesis, beam_search
+from nmt_cli.shortlist import Shortlist
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -32,12 +34,14 @@ class Generator:
     `max_tokens` source tokens and `batch_size` sentences; `never` are target ids no search
     outputs (vocabulary fillers); `joining` are those that go on into the next token's word (BPE's
     @@: a constraint begins where a word does); with `graphs`, beam search replays CUDA graphs;
-    `seed` seeds sampling (None: a random seed, said through `warn` when the first sample is drawn)."""
+    `seed` seeds sampling (None: a random seed, said through `warn` when the first sample is drawn);
+    with a `shortlist`, each batch outputs only the target tokens it lists for the batch."""
 
     def __init__(self, models: Sequence[Transformer], device: torch.device, dtype: torch.dtype = torch.float32, *,
                  max_tokens: int, batch_size: int | None = None, never: Sequence[int] = (),
                  joining: Sequence[int] = (), graphs: bool = False, quantize: str | None = None,
-                 seed: int | None = None, warn: Callable[[str], None] = print) -> None:
+                 seed: int | None = None, shortlist: Shortlist | None = None,
+                 warn: Callable[[str], None] = print) -> None:
         if graphs and device.type != "cuda":
             raise NmtError(f"--cuda-graphs needs a CUDA device, not {device.type}")
         models = [kernels.use_fast_paths(model.to(device=device, dtype=dtype)) for model in models]
@@ -45,6 +49,7 @@ class Generator:
             for model in models:
                 quantize_int8(model, device, dtype)
         self.device, self.max_tokens, self.batch_size, self.warn = device, max_tokens, batch_size, warn
+        self.shortlist = shortlist
         self.models = Ensemble(models, graphs=graphs, never=never)
         self.joining = torch.zeros(self.models.vocab_size, dtype=torch.bool, device=device)
         self.joining[list(joining)] = True
@@ -121,12 +126,17 @@ class Generator:
         forced = None
         if prefixes is not None and any(prefixes[i] for i in batch):
             forced = self._padded([prefixes[i] for i in batch], value=-1)
+        columns = None
+        if self.shortlist is not None:  # the batch's candidates, its prefixes' and phrases' tokens
+            wanted = [prefixes[i] for i in batch] if prefixes is not None else []
+            wanted += [ids for i in batch for ids in terms[0][i]] if terms is not None else []
+            columns = self.shortlist.columns([sources[i] for i in batch], itertools.chain(*wanted), self.device)
         if config.sampling:
-            return sample(self.models, src, config, rng, forced)
+            return sample(self.models, src, config, rng, forced, columns)
         held = None
         if terms is not None and any(terms[0][i] or terms[1][i] for i in batch):
             held = Terms([terms[0][i] for i in batch], [terms[1][i] for i in batch], self.device, self.joining)
-        return beam_search(self.models, src, config, forced, held)
+        return beam_search(self.models, src, config, forced, held, columns)
 
     def _score(self, batch: list[int], sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         src = self._padded([sources[i] + [EOS_ID] for i in batch])

@@ -9,7 +9,8 @@ the paper never needs this file, nor graphs.py (the search's decoder as CUDA gra
   the CPU with few keys).
 - `append_position`: a search step's cache reordered and extended in one copy.
 - `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form.
-- `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN.
+- `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN
+  (or a shortlist's rows of it alone).
 - `top_k`: top-k through chunk maxima on the CPU.
 - `steps_between_reads`: how often a search or training reads its state back to the host.
 - `quantize_int8`: dynamic int8 linear layers for CPU inference.
@@ -213,17 +214,35 @@ class PackedProjection:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
-    """The model's pre-softmax projection as a search should run it: packed where it can be
-    (float32 on the CPU, not quantized)."""
+def search_projection(model: Transformer, columns: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+    """The model's pre-softmax projection as a search should run it, `projection(x)[:, columns]`
+    with a shortlist's `columns` (computed for those alone: its weight's rows taken once per
+    search): packed where it can be (float32 on the CPU), int8 where the model is quantized."""
     projection = model.output_projection
-    if type(projection) is nn.Linear and projection.weight.device.type == "cpu" and \
-            projection.weight.dtype == torch.float32:
+    if type(projection) is not nn.Linear:  # int8 (quantize_int8)
+        return projection if columns is None else _quantized_rows(projection, columns)
+    weight, bias = projection.weight, projection.bias
+    if columns is not None:
+        weight, bias = weight.index_select(0, columns), None if bias is None else bias.index_select(0, columns)
+    if weight.device.type == "cpu" and weight.dtype == torch.float32:
         try:
-            return PackedProjection(projection.weight, projection.bias)
+            return PackedProjection(weight, bias)
         except (RuntimeError, AttributeError):
             pass
-    return projection
+    return projection if columns is None else lambda x: F.linear(x, weight, bias)
+
+
+def _quantized_rows(projection: nn.Module, columns: Tensor) -> nn.Module:
+    """The rows `columns` of a dynamically quantized linear layer: the same int8 rows and scales."""
+    from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+    weight, bias = projection._weight_bias()  # torch.ao's own accessor
+    rows = torch.quantize_per_channel(weight.dequantize().index_select(0, columns),
+                                      weight.q_per_channel_scales().index_select(0, columns),
+                                      weight.q_per_channel_zero_points().index_select(0, columns), 0, torch.qint8)
+    restricted = QuantizedLinear(weight.size(1), len(columns), dtype=torch.qint8)
+    restricted.set_weight_bias(rows, None if bias is None else bias.index_select(0, columns))
+    return restricted
 
 
 def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
+from nmt_cli.errors import NmtError
+from nmt_cli.shortlist import Shortlist
 
 Pair = tuple[str, str]
 NAMED = re.compile(r"([A-Za-z0-9_]+)-([A-Za-z0-9_]+)=(.+)")
@@ -26,6 +28,24 @@ def load_pairs(values: Sequence[str]) -> dict[Pair, list[ModelBundle]]:
         pair = (named[1], named[2]) if named else (bundle.text.source_lang, bundle.text.target_lang)
         pairs.setdefault(pair, []).append(bundle)
     return pairs
+
+
+def load_shortlists(values: Sequence[str], pairs: dict[Pair, list[ModelBundle]]) -> dict[Pair, Shortlist]:
+    """The shortlist of each pair from `--shortlist [SRC-TGT=]FILE` values (a file without a pair:
+    that of the one pair served), each checked against its pair's vocabularies."""
+    from nmt_cli.translator import load_shortlist
+
+    shortlists: dict[Pair, Shortlist] = {}
+    for value in values:
+        named = None if Path(value).exists() else NAMED.fullmatch(value)
+        if named is None and len(pairs) > 1:
+            raise NmtError(f"--shortlist {value}: this server translates {len(pairs)} language pairs; name the pair "
+                           "(--shortlist SRC-TGT=FILE)")
+        pair = (named[1], named[2]) if named else next(iter(pairs))
+        if pair not in pairs:
+            raise NmtError(f"--shortlist {value}: no model for {pair[0]}-{pair[1]} is served")
+        shortlists[pair] = load_shortlist(Path(named[3] if named else value), pairs[pair][0])
+    return shortlists
 
 
 def choose(pairs: Sequence[Pair], source: str | None, target: str | None) -> Pair:

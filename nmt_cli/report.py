@@ -1,17 +1,18 @@
-"""What `nmt preprocess` shows: on a terminal, each stage's progress in sentence pairs out of its
-total; when done, the counts of every split."""
+"""What the commands show besides their output: `nmt preprocess`'s progress on a terminal (each
+stage's sentence pairs out of its total) and its counts of every split when done; `nmt info`'s
+table."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
-
-from tqdm import tqdm
 
 from nmt_cli.config import PreprocessConfig
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from nmt_cli.datadir import DataDir
 
 
@@ -22,6 +23,8 @@ def show_progress(opts: PreprocessConfig) -> bool:
 
 def bar(opts: PreprocessConfig, desc: str, total: Callable[[], int]) -> tqdm:
     """A stage's progress bar in sentence pairs, out of `total()` (counted only when shown)."""
+    from tqdm import tqdm
+
     shown = show_progress(opts)
     return tqdm(desc=desc, unit="pair", total=total() if shown else None, disable=not shown)
 
@@ -50,3 +53,14 @@ def print_summary(data: DataDir) -> None:
     for line in dropped:
         console.print(line)
     console.print("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["timings"].items()))
+
+
+def print_table(title: str, rows: Iterable[tuple[str, str]]) -> None:
+    """A two-column table of names and values (`nmt info`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False)
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)

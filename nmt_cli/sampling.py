@@ -19,18 +19,21 @@ from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 @torch.inference_mode()
 def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch.Generator,
-           prefixes: Tensor | None = None) -> list[list[Hypothesis]]:
+           prefixes: Tensor | None = None, columns: Tensor | None = None) -> list[list[Hypothesis]]:
     """`nbest` independent samples for each row of `src`, best first by score (--sampling): each
     token drawn from the model's distribution at `temperature`, among the `sampling_topk` most
     probable tokens or the nucleus of probability `sampling_topp` when given (back-translation).
-    A sentence's samples are consecutive decoder rows; rows that finished wait for the others
-    (the host reads whether all have finished every `kernels.steps_between_reads` steps)."""
+    With a shortlist's `columns`, only their tokens. A sentence's samples are consecutive decoder
+    rows; rows that finished wait for the others (the host reads whether all have finished every
+    `kernels.steps_between_reads` steps)."""
     assert models.graphs is None, "sampling changes its number of rows: it runs without graphs"
     batch, n, device = src.size(0), config.nbest, src.device
     limits = output_limits(src, prefixes, config, models.max_positions)
     soonest_limit, states = int(limits.min()), models.start(src)
-    k = min(config.sampling_topk or models.vocab_size, models.vocab_size)
-    controls, read_every = OutputControls.of(config, models.never, device), steps_between_reads(device)
+    layer = models.output_layer(columns)
+    size = models.vocab_size if columns is None else len(columns)
+    k = min(config.sampling_topk or size, size)
+    controls, read_every = layer.controls(OutputControls.of(config, models.never, device)), steps_between_reads(device)
     history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(batch * n, device=device)
     length = torch.zeros(batch * n, dtype=torch.long, device=device)
@@ -39,7 +42,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
         models.check_deadline()
         width = 1 if step == 0 else n  # the first step draws a sentence's n samples from its one row
         lp, ids = models.top_tokens(history, states, k, controls,
-                                    forced_tokens(step, limits, soonest_limit, prefixes, width))
+                                    forced_tokens(step, limits, soonest_limit, prefixes, width), layer=layer)
         choice = _draw(lp, config, generator, n if step == 0 else 1).view(batch * n, 1)
         if step == 0:
             origin = torch.arange(batch, device=device).repeat_interleave(n)

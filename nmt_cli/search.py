@@ -19,10 +19,11 @@ its `beam` best finished hypotheses. With beam 1 this is greedy decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +63,40 @@ class SearchInterrupted(Exception):
     """A search stopped before its end (`Ensemble.deadline`)."""
 
 
+@dataclass(frozen=True)
+class OutputLayer:
+    """One search's projection of each model's decoder output to the next token's log-probabilities
+    (averaged in log space over an ensemble): over the whole vocabulary, or with a shortlist over
+    its `columns` alone. Then the search picks among those columns: its tokens (and the controls'
+    and constraints') go in as positions among them (`positions`) and come out as ids (`ids`)."""
+
+    projections: list[Callable[[Tensor], Tensor]]
+    columns: Tensor | None = None
+    inverse: Tensor | None = None  # each vocabulary id's position among the columns (-1: none)
+
+    def log_probs(self, outputs: list[Tensor]) -> Tensor:
+        """(rows, columns) log-probabilities of the decoder `outputs` (one (rows, d_model) per model)."""
+        lprobs = [torch.log_softmax(project(out).float(), dim=-1) for project, out in zip(self.projections, outputs)]
+        return lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
+
+    def positions(self, ids: Tensor) -> Tensor:
+        """Token `ids` (-1: none) as positions among the columns (-1: none, or not a column)."""
+        if self.inverse is None:
+            return ids
+        return torch.where(ids >= 0, self.inverse[ids.clamp(min=0)], -1)
+
+    def ids(self, positions: Tensor) -> Tensor:
+        """Positions among the columns as token ids."""
+        return positions if self.columns is None else self.columns[positions]
+
+    def controls(self, controls: OutputControls) -> OutputControls:
+        """`controls` for positions among the columns (a banned token outside them needs no ban)."""
+        if self.inverse is None:
+            return controls
+        banned = self.positions(controls.banned)
+        return dataclasses.replace(controls, banned=banned[banned >= 0], eos=int(self.inverse[EOS_ID]))
+
+
 class Ensemble:
     """One or more models decoding together; their probabilities are averaged (in log space) each
     step. With `graphs`, beam search runs each model's decoder on tensors of fixed shape, which a
@@ -87,6 +122,15 @@ class Ensemble:
         for graphs in self.graphs or []:
             graphs.decoders.clear()
 
+    def output_layer(self, columns: Tensor | None = None) -> OutputLayer:
+        """The output layer of a search: to the whole vocabulary, or to a shortlist's `columns`
+        (sorted token ids, EOS among them)."""
+        if columns is None:
+            return OutputLayer(self.projections)
+        inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=columns.device)
+        inverse[columns] = torch.arange(len(columns), device=columns.device)
+        return OutputLayer([search_projection(m, columns) for m in self.models], columns, inverse)
+
     def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState]:
         """Encode `src` for a search of `beam` rows per sentence and up to `length` positions."""
         if self.graphs is not None:
@@ -94,9 +138,11 @@ class Ensemble:
         return [decoding.start(model, src) for model in self.models]
 
     def top_tokens(self, history: Tensor, states: list[DecoderState], k: int, controls: OutputControls,
-                   forced: Tensor | None, rules: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                   forced: Tensor | None, rules: tuple[Tensor, Tensor] | None = None,
+                   layer: OutputLayer | None = None) -> tuple[Tensor, Tensor]:
         """Log-probabilities and ids (rows, k), best first, of the k most probable next tokens of
-        each row, given its tokens so far (`history`, BOS first), under the `controls`; a row
+        each row, given its tokens so far (`history`, BOS first), under the `controls` and through
+        the output `layer` (default: the whole vocabulary's; the `controls` are its own); a row
         whose `forced` entry is a token id (not -1) can take only that token, at its own
         log-probability (EOS at the maximum length, a prefix). With `rules` (`Terms.rules`: each
         row's banned tokens and wanted ones, -1 for none), the wanted tokens follow the k (rows, k
@@ -106,17 +152,18 @@ class Ensemble:
         log-probabilities, so that on the CPU the (rows, vocab) matrix never exists whole: memory
         stays small with large vocabularies, and each block is still in cache when it is read again.
         """
-        tokens, output = history[:, -1], history[:, 1:]
+        layer = layer or self.output_layer()
+        tokens, output = history[:, -1], layer.positions(history[:, 1:])
         outputs = [state.step(tokens) if self.graphs is not None else decoding.step_output(model, tokens, state)
                    for model, state in zip(self.models, states)]
-        rows = tokens.size(0)
-        block = max(1, block_floats(tokens.device) // self.vocab_size)
+        forced = None if forced is None else layer.positions(forced)
+        rules = None if rules is None else (layer.positions(rules[0]), layer.positions(rules[1]))
+        rows, width = tokens.size(0), self.vocab_size if layer.columns is None else len(layer.columns)
+        block = max(1, block_floats(tokens.device) // width)
         values, indices = [], []
         for start in range(0, rows, block):
             part = slice(start, start + block)
-            lprobs = [torch.log_softmax(project(out[part]).float(), dim=-1)
-                      for project, out in zip(self.projections, outputs)]
-            lp = lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
+            lp = layer.log_probs([out[part] for out in outputs])
             column = None if forced is None else forced[part].clamp(min=0).unsqueeze(1)
             own = None if column is None else lp.gather(1, column)  # a forced token keeps its log-probability
             controls.apply(lp, output[part], output.size(1))
@@ -130,8 +177,8 @@ class Ensemble:
             values.append(top_values)
             indices.append(top_indices)
         if len(values) == 1:  # one block, as on a GPU: no copy
-            return values[0], indices[0]
-        return torch.cat(values), torch.cat(indices)
+            return values[0], layer.ids(indices[0])
+        return torch.cat(values), layer.ids(torch.cat(indices))
 
 
 def _ban(lp: Tensor, banned: Tensor) -> None:
@@ -291,7 +338,8 @@ class Beams:
 
 
 def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams, step: int, beam: int,
-                     k: int, controls: OutputControls, terms: Terms | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     k: int, controls: OutputControls, terms: Terms | None,
+                     layer: OutputLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Each sentence's 2 * beam best one-token continuations, best first (with `terms`, in the
     order of dynamic beam allocation): their log-probabilities, rows (of the sentence), tokens and
     indices among the candidates."""
@@ -300,7 +348,7 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
     # The best of a sentence's width * vocab candidates are among the k best tokens of each of its
     # rows: add the row scores to those only (not to every vocabulary entry).
     rules = terms.rules(beams.history, beams.sentences) if terms is not None else None
-    token_lprobs, tokens = models.top_tokens(beams.history, states, k, controls, forced, rules)
+    token_lprobs, tokens = models.top_tokens(beams.history, states, k, controls, forced, rules, layer)
     per_row = token_lprobs.size(1)
     candidates = (beams.scores.unsqueeze(2) + token_lprobs.view(n, width, per_row)).view(n, -1)
     count = min(2 * beam, width * per_row)
@@ -314,10 +362,10 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
 
 @torch.inference_mode()
 def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: Tensor | None = None,
-                terms: Terms | None = None) -> list[list[Hypothesis]]:
+                terms: Terms | None = None, columns: Tensor | None = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first; each
-    starts with its row of `prefixes` (target ids, -1 after the end) when given, and holds its
-    sentence's `terms` (constraints.py).
+    starts with its row of `prefixes` (target ids, -1 after the end) when given, holds its
+    sentence's `terms` (constraints.py), and has only tokens of a shortlist's `columns` when given.
 
     Every step's bookkeeping stays on the device; the host reads which sentences are done only
     every `kernels.steps_between_reads` steps, and then drops them from the batch (a sentence
@@ -328,7 +376,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     # The first step has one row per sentence (all its beams would be the same BOS prefix); the
     # sentence's `beam` rows come from its best continuations. Not when the vocabulary cannot
     # fill a beam from one row, nor with graphs (whose rows are fixed).
-    k = min(2 * beam, models.vocab_size)
+    layer = models.output_layer(columns)
+    k = min(2 * beam, models.vocab_size if columns is None else len(columns))
     width = 1 if k >= beam and models.graphs is None else beam
     scores = torch.zeros(batch, width, device=device)
     scores[:, 1:] = -math.inf  # identical beams: expand the first only
@@ -340,7 +389,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
                   limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
     states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
     finished = Finished(batch, beam, max(limit) + 1, device)
-    controls, read_every = OutputControls.of(config, models.never, device), steps_between_reads(device)
+    controls, read_every = layer.controls(OutputControls.of(config, models.never, device)), steps_between_reads(device)
     allocating = terms is not None and terms.allocates  # the beam shared among banks (constraints.py)
     if allocating:
         terms.start(batch, width)
@@ -348,7 +397,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     for step in range(max(limit) + 1):
         models.check_deadline()
         n, width = beams.scores.shape
-        top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, controls, terms)
+        top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, controls, terms,
+                                                                     layer)
         is_eos = top_token == EOS_ID
         # Finished: EOS among the top `beam` candidates, of a sentence not done before.
         is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)

@@ -27,7 +27,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks, line_count
 from nmt_cli.records import attention_record, score_record, translations_record
-from nmt_cli.translator import CHUNK_LINES, Translator, model_search
+from nmt_cli.translator import CHUNK_LINES, Translator, load_shortlist, model_search
 
 
 def translate_lines(translator: Translator, lines: list[str], first_number: int = 1) -> list[str]:
@@ -112,9 +112,10 @@ def to_stdout(write: Callable[[], int]) -> int:
 
 
 def translate_file(checkpoints: list[Path], input_path: Path | None, output_path: Path | None,
-                   config: TranslateConfig, given: Collection[str] = ()) -> int:
+                   config: TranslateConfig, given: Collection[str] = (), shortlist: Path | None = None) -> int:
     """The `nmt translate` command: files or stdin/stdout; the output file appears only when
-    complete. Search options not `given` are the model's own (`translator.model_search`)."""
+    complete. Search options not `given` are the model's own (`translator.model_search`); with a
+    `shortlist` file, each batch's output layer is cut to it."""
     if output_path is not None:
         output_path = destination(output_path, "translation", "to stream it there, leave out -o: > PATH")
         if not output_path.parent.is_dir():
@@ -127,7 +128,8 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
         raise NmtError(f"{checkpoints[0]}: its search settings with these options: {e}") from None
     device, dtype = select_device(config.run_on, config.precision)
     tune(device, config.threads)
-    translator = Translator(bundles, config, device, dtype)
+    translator = Translator(bundles, config, device, dtype,
+                            shortlist=None if shortlist is None else load_shortlist(shortlist, bundles[0]))
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"
     if input_path is None and sys.stdin.isatty():

@@ -30,6 +30,7 @@ from nmt_cli.options import check_applies
 from nmt_cli.pipeline import TextPipeline, joining_ids
 from nmt_cli.records import Scored, Translation, attention_record
 from nmt_cli.search import Hypothesis, length_penalty, max_lengths
+from nmt_cli.shortlist import Shortlist
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
 if TYPE_CHECKING:
@@ -130,6 +131,13 @@ def checked_phrases(given: Any, what: str, first_number: int = 1) -> list[list[s
             for number, phrases in enumerate(given, first_number)]
 
 
+def load_shortlist(path: Path, bundle: ModelBundle) -> Shortlist:
+    """The shortlist at `path`, refused unless it was made for the model's vocabularies."""
+    shortlist = Shortlist.load(path)
+    shortlist.check(bundle.src_vocab.tokens, bundle.tgt_vocab.tokens, str(path))
+    return shortlist
+
+
 def model_search(bundle: ModelBundle, given: dict[str, Any]) -> SearchConfig:
     """The search options `given`, the others those the model is run with: an imported model's
     release settings (`nmt import`), else nmt-cli's defaults."""
@@ -145,7 +153,8 @@ class Translator:
     translate` and `nmt serve` compose to batch lines from many requests."""
 
     def __init__(self, bundles: list[ModelBundle], config: TranslateConfig, device: torch.device,
-                 dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None,
+                 shortlist: Shortlist | None = None) -> None:
         first = bundles[0]
         for other in bundles[1:]:
             if other.tgt_vocab != first.tgt_vocab or other.src_vocab != first.src_vocab:
@@ -155,16 +164,17 @@ class Translator:
         self.generator = Generator([b.model for b in bundles], device, dtype, max_tokens=config.max_tokens,
                                    batch_size=config.batch_size, never=first.never, joining=joining_ids(first),
                                    graphs=config.cuda_graphs, quantize=config.quantize, seed=config.search.seed,
-                                   warn=self.warn)
+                                   shortlist=shortlist, warn=self.warn)
         self.pipeline = TextPipeline(first, self.generator.models.max_positions, config.input_format,
                                      config.output_format, self.warn)
         self._unfitting = False  # a line's constraints did not fit its length limit (warned once)
 
     @classmethod
     @spelled_out(LoadOptions)
-    def load(cls, *paths: str | Path, warn: Callable[[str], None] | None = None,
+    def load(cls, *paths: str | Path, warn: Callable[[str], None] | None = None, shortlist: str | Path | None = None,
              **options: Unpack[LoadOptions]) -> Translator:
-        """The model of a checkpoint or `nmt export` safetensors file (several: an ensemble).
+        """The model of a checkpoint or `nmt export` safetensors file (several: an ensemble), with
+        the `shortlist` of `nmt shortlist` when given (each batch's output layer cut to it).
         `options`: device ("auto": CUDA when there is one), precision, threads, quantize ("int8"),
         cuda_graphs, max_tokens, batch_size, input_format, output_format, and any search option
         (beam, lenpen, ...: the defaults of every call; those not given are the model's own: an
@@ -186,7 +196,8 @@ class Translator:
         device, dtype = select(config.run_on, config.precision)
         if config.threads:  # asked for: the only process setting the API changes
             torch.set_num_threads(config.threads)
-        return cls(bundles, config, device, dtype, warn)
+        return cls(bundles, config, device, dtype, warn, None if shortlist is None else
+                   load_shortlist(Path(shortlist), bundles[0]))
 
     def stream(self, config: SearchConfig, given: Collection[str] = ("seed",)) -> torch.Generator | None:
         """A random stream of a call's own when it gives a seed (`given` holds "seed"): the same

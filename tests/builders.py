@@ -45,11 +45,16 @@ def random_model(vocab: int, seed: int = 0, scale: float = 1.0, **variant) -> Tr
     return model
 
 
-def averaged_log_probs(models, src, tgt_in: list[int]) -> torch.Tensor:
+def averaged_log_probs(models, src, tgt_in: list[int], columns: list[int] | None = None) -> torch.Tensor:
     """An ensemble's log-probabilities written out: the log of the mean of the models'
-    probabilities, at each position of `tgt_in` (in float64, then float32)."""
-    probs = [torch.softmax(model(src, torch.tensor([tgt_in]))[0].double(), -1) for model in models]
-    return torch.stack(probs).mean(0).log().float()
+    probabilities, at each position of `tgt_in` (in float64, then float32); with a shortlist's
+    `columns`, each model's softmax over those tokens alone, and every other token at -inf."""
+    logits = [model(src, torch.tensor([tgt_in]))[0].double() for model in models]
+    if columns is not None:
+        outside = torch.ones(logits[0].size(-1), dtype=torch.bool)
+        outside[columns] = False
+        logits = [x.masked_fill(outside, -math.inf) for x in logits]
+    return torch.stack([torch.softmax(x, -1) for x in logits]).mean(0).log().float()
 
 
 def sources(rows, vocab):

@@ -173,3 +173,21 @@ def test_the_fast_paths_are_module_swaps_that_leave_the_function_alone():
     assert sum(t is kernels.WrittenOutAttention for t in swapped.values()) == 2 + 2 * 2  # every attention
     assert all(m.p == 0.1 for m in model.modules() if isinstance(m, kernels.Dropout))
     torch.testing.assert_close(model(src, tgt), before, rtol=0, atol=1e-5)  # eval: the same function
+
+
+@pytest.mark.parametrize("variant", [{}, {"output_bias": True}, {"tied_output": False}, "int8"])
+def test_a_shortlists_projection_equals_the_columns_of_the_whole(variant):
+    """search_projection(model, columns)(x) == the model's projection(x)[:, columns], computed
+    for those columns alone: packed in float32, or the same int8 rows and scales."""
+    model = tiny_model(seed=4, **({} if variant == "int8" else variant)).eval()
+    if variant == "int8":
+        kernels.quantize_int8(model)
+    elif model.output_projection.bias is not None:
+        torch.nn.init.normal_(model.output_projection.bias)
+    columns = torch.tensor([2, 3, 5, 8, 13, 21])
+    x = torch.randn(7, model.config.d_model)
+    with torch.inference_mode():
+        whole = model.output_projection(x)[:, columns]
+        restricted = kernels.search_projection(model, columns)(x)
+    assert restricted.shape == (7, len(columns))
+    assert torch.allclose(restricted, whole, atol=1e-5 if variant != "int8" else 1e-4)

@@ -76,12 +76,13 @@ def test_narrow_beam_scores_are_the_models_penalized_log_probabilities():
                                     abs=1e-4)
 
 
-def reference_beam_search(models, src, config):
+def reference_beam_search(models, src, config, columns=None):
     """The search written out plainly for one sentence: full forward passes, one hypothesis at
     the start, every candidate scored; `models`: a model, or several whose probabilities are
-    averaged (an ensemble). Same finishing rules (search module docstring): with the
-    heuristic stopping, the `beam` best finished are kept, and the sentence goes on while the best
-    live hypothesis over the penalty of its present length beats the worst of them."""
+    averaged (an ensemble); `columns`: the only tokens of a shortlist. Same finishing rules
+    (search module docstring): with the heuristic stopping, the `beam` best finished are kept,
+    and the sentence goes on while the best live hypothesis over the penalty of its present
+    length beats the worst of them."""
     def penalty(length):
         return length_penalty(length, config.lenpen, config.lenpen_form)
 
@@ -93,7 +94,7 @@ def reference_beam_search(models, src, config):
     for step in range(limit + 1):
         candidates = []
         for score, tokens in live:
-            lprobs = averaged_log_probs(members, src, [BOS_ID] + tokens)[-1]
+            lprobs = averaged_log_probs(members, src, [BOS_ID] + tokens, columns)[-1]
             for t in set(tokens):  # --repetition-penalty
                 lprobs[t] *= config.repetition_penalty
             eos = lprobs[EOS_ID].item()
@@ -140,6 +141,41 @@ def test_search_equals_the_search_written_out(beam, vocab, seed, rules):
         expected = reference_beam_search(model, sources([row], vocab), config)
         assert [h.tokens for h in hyps] == [tokens for _, _, tokens in expected]
         assert [h.score for h in hyps] == pytest.approx([score for score, _, _ in expected], abs=1e-4)
+
+
+@pytest.mark.parametrize("beam, seed, members, rules", [
+    (2, 0, 1, {}), (4, 1, 1, {"min_len": 2, "no_repeat_ngram_size": 2, "repetition_penalty": 1.5}),
+    (4, 2, 2, {"stopping": "heuristic", "lenpen": 1.5}), (5, 3, 1, {"nbest": 3})])
+def test_a_shortlisted_search_is_the_search_written_out_over_its_columns(beam, seed, members, rules):
+    """A shortlist's columns: each model's softmax over them alone (averaged in an ensemble), and
+    no other token output; the controls as they are over the whole vocabulary."""
+    import random
+
+    models = [random_model(40, seed + 10 * m, scale=2.0) for m in range(members)]
+    columns = sorted({PAD_ID, BOS_ID, EOS_ID, UNK_ID, *random.Random(seed).sample(range(4, 40), 12)})
+    rows = [[4, 5, 4], [5], [4, 4, 5, 5, 4]]
+    config = SearchConfig(beam=beam, max_len_a=0.5, max_len_b=4, **{"nbest": 2, **rules})
+    batched = beam_search(Ensemble(models), sources(rows, 40), config, columns=torch.tensor(columns))
+    for row, hyps in zip(rows, batched):
+        expected = reference_beam_search(models, sources([row], 40), config, columns)
+        assert [h.tokens for h in hyps] == [tokens for _, _, tokens in expected]
+        assert [h.score for h in hyps] == pytest.approx([score for score, _, _ in expected], abs=1e-4)
+        assert set(itertools.chain(*(h.tokens for h in hyps))) <= set(columns)
+    whole = torch.arange(40)
+    for config in (SearchConfig(beam=beam), SearchConfig(beam=1)):  # the whole vocabulary: the search itself
+        unlisted = beam_search(Ensemble(models), sources(rows, 40), config)
+        assert beam_search(Ensemble(models), sources(rows, 40), config, columns=whole) == unlisted
+
+
+def test_sampling_draws_only_a_shortlists_tokens():
+    model = random_model(40, 7, scale=0.5)  # flat: every token likely
+    columns = torch.tensor([PAD_ID, BOS_ID, EOS_ID, UNK_ID, 6, 9, 13, 21, 30])
+    config = SearchConfig(sampling=True, nbest=8, max_len_b=6, max_len_a=0.0, seed=3)
+    drawn = sampling.sample(Ensemble([model]), sources([[4, 5], [6]], 40), config, seeded(3), columns=columns)
+    tokens = {t for hyps in drawn for h in hyps for t in h.tokens}
+    assert tokens <= set(columns.tolist()) and len(tokens) > 3
+    assert drawn == sampling.sample(Ensemble([model]), sources([[4, 5], [6]], 40), config, seeded(3),
+                                    columns=columns)
 
 
 def test_batched_equals_one_by_one():
