@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.constraints import Phrases
+from nmt_cli.ensemble import SearchInterrupted
 from nmt_cli.records import Translation
-from nmt_cli.search import SearchInterrupted
 from nmt_cli.translator import Translator
 
 DRAIN_MARGIN_SECONDS = 0.5  # of --drain-seconds, to answer before uvicorn ends the connections

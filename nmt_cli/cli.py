@@ -242,9 +242,9 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
 @click.option("--best", type=click.IntRange(min=0), default=50, show_default=True,
               help="Candidates per source token: the targets most likely aligned to it (IBM model 1).")
 def shortlist(data_dir: Path, output: Path, first: int, best: int) -> None:
-    """Make a lexical shortlist from a data directory's training split.
+    """Learn a lexical shortlist from training data.
 
-    For `nmt translate --shortlist` (and the API, the server, a CTranslate2 export)."""
+    For `nmt translate --shortlist` (the API, the server, CTranslate2): faster CPU decoding."""
     from nmt_cli.files import destination
     from nmt_cli.shortlist import make
 

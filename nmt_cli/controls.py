@@ -24,7 +24,7 @@ class OutputControls:
     min_len: int = 0
     no_repeat_ngram_size: int = 0
     repetition_penalty: float = 1.0
-    eos: int = EOS_ID  # its column (search.OutputLayer: a shortlist's columns are not the vocabulary's ids)
+    eos: int = EOS_ID  # its column (ensemble.OutputLayer: a shortlist's columns are not the vocabulary's ids)
 
     @classmethod
     def of(cls, config: SearchConfig, never: list[int], device: torch.device) -> OutputControls:

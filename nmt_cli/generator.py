@@ -21,10 +21,11 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.constraints import Phrases, Terms
 from nmt_cli.data import pad
 from nmt_cli.device import out_of_memory
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
 from nmt_cli.sampling import sample
-from nmt_cli.search import Ensemble, Hypothesis, beam_search
+from nmt_cli.search import Hypothesis, beam_search
 from nmt_cli.shortlist import Shortlist
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 

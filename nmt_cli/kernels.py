@@ -270,7 +270,7 @@ def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
 
 
 def block_floats(device: torch.device) -> int:
-    """Log-probabilities a search step computes at once (rows x vocabulary, `search.Ensemble.
+    """Log-probabilities a search step computes at once (rows x vocabulary, `ensemble.Ensemble.
     top_tokens`): on the CPU 16 MB of float32, which stay in cache until they are read again; on
     a GPU up to 1 GB, so that a step is one projection, softmax and top-k, not a few kernel
     launches per block."""

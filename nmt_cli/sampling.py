@@ -12,8 +12,9 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.controls import OutputControls
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.kernels import steps_between_reads
-from nmt_cli.search import Ensemble, Hypothesis, forced_tokens, length_penalty, output_limits
+from nmt_cli.search import Hypothesis, forced_tokens, length_penalty, output_limits
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 

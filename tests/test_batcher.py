@@ -15,9 +15,10 @@ from conftest import tiny_checkpoint
 from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.ensemble import SearchInterrupted
 from nmt_cli.errors import NmtError
 from nmt_cli.records import Translation
-from nmt_cli.search import Hypothesis, SearchInterrupted
+from nmt_cli.search import Hypothesis
 from nmt_cli.translator import Translator
 
 

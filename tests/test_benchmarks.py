@@ -236,3 +236,17 @@ def test_gpu_summary_reads_what_the_stages_wrote(tmp_path):
                                            "=== tests/test_a.py::test_x (teardown)\nE  oops\n\n")
     subprocess.run([sys.executable, str(BENCHMARKS / "gpu_summary.py"), tmp_path], check=True, capture_output=True)
     assert json.loads((tmp_path / "summary.json").read_text())["pytest_failed"] == 1
+
+
+@pytest.mark.slow
+def test_shortlist_speed(tmp_path):
+    from builders import run_training
+
+    data = synthetic_data_dir(tmp_path, n_train=60, n_valid=5)
+    run_training(data, tmp_path / "ck", max_updates=2).run()
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    plain, again, *listed = run("shortlist_speed.py", "-m", tmp_path / "ck/checkpoint_last.pt", "-d", data, "-i",
+                                source, "--ref", source, "--best", 2, "--first", 3, "--threads", 1)
+    assert plain["run"] == "plain" and again["run"] == "plain again" and plain["lines"] == 3
+    assert [r["run"] for r in listed] == ["ibm1 first 3 best 2", "dice first 3 best 2"]
+    assert all(r["speed_up"] > 0 and 0 <= r["bleu"] <= 100 and r["columns_of_64_lines"] > 4 for r in listed)

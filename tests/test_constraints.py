@@ -10,7 +10,8 @@ from builders import random_model, sources
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.constraints import Terms
-from nmt_cli.search import Ensemble, beam_search
+from nmt_cli.ensemble import Ensemble
+from nmt_cli.search import beam_search
 
 CPU = torch.device("cpu")
 
@@ -208,7 +209,7 @@ def test_terms_with_a_prefix_and_refused_with_sampling(tmp_path):
 
 
 def test_a_token_wanted_by_phrases_that_begin_alike_is_a_candidate_once():
-    from nmt_cli.search import _with_wanted
+    from nmt_cli.ensemble import _with_wanted
 
     lp = torch.log_softmax(torch.arange(8.0).repeat(2, 1), -1)
     values, indices = lp.topk(2)  # tokens 7 and 6

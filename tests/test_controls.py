@@ -15,8 +15,8 @@ from conftest import request, serving, tiny_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig
 from nmt_cli.controls import repeated_ngram_ends
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.sampling import sample
-from nmt_cli.search import Ensemble
 from nmt_cli.translator import Translator
 
 

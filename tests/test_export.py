@@ -21,7 +21,8 @@ from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TrainConfig
-from nmt_cli.search import Ensemble, beam_search
+from nmt_cli.ensemble import Ensemble
+from nmt_cli.search import beam_search
 from nmt_cli.train import TrainingRun
 from nmt_cli.vocab import EOS_ID, PAD_ID
 

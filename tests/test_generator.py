@@ -15,9 +15,9 @@ from nmt_cli import generator, kernels
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import NmtError
 from nmt_cli.generator import Generator, quantize_int8
-from nmt_cli.search import Ensemble
 from nmt_cli.translate import translate_lines
 from nmt_cli.vocab import BOS_ID, EOS_ID
 

@@ -19,7 +19,8 @@ from nmt_cli import checkpoint as ckpt
 from nmt_cli import kernels
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TranslateConfig
-from nmt_cli.search import Ensemble, beam_search
+from nmt_cli.ensemble import Ensemble
+from nmt_cli.search import beam_search
 from nmt_cli.translate import translate_lines
 from nmt_cli.translator import Translator
 
@@ -70,7 +71,7 @@ def test_the_search_on_the_gpu_finds_the_cpus_hypotheses_and_rarely_waits(dtype)
     models = Ensemble([random_model(40, 3, scale=3.0).to("cuda", dtype)])
     steps = []
     top_tokens = models.top_tokens
-    models.top_tokens = lambda *args: steps.append(1) or top_tokens(*args)
+    models.top_tokens = lambda *args, **kw: steps.append(1) or top_tokens(*args, **kw)
     src = sources(rows, 40).cuda()
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:

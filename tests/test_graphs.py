@@ -9,7 +9,8 @@ from conftest import replayed
 
 from nmt_cli import graphs
 from nmt_cli.config import SearchConfig
-from nmt_cli.search import Ensemble, beam_search
+from nmt_cli.ensemble import Ensemble
+from nmt_cli.search import beam_search
 
 
 def test_the_cuda_graph_emulation_replays_operations_with_the_values_of_their_recording():

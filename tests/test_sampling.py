@@ -5,8 +5,8 @@ import pytest
 from builders import greedy, prefix_tensor, random_model, seeded, sequence_log_prob, sources
 
 from nmt_cli.config import SearchConfig
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.sampling import sample
-from nmt_cli.search import Ensemble
 
 
 def test_samples_are_reproducible_scored_and_independent():

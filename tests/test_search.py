@@ -16,9 +16,10 @@ from builders import (
     sources,
 )
 
-from nmt_cli import kernels, sampling, search
+from nmt_cli import ensemble, kernels, sampling, search
 from nmt_cli.config import SearchConfig
-from nmt_cli.search import Ensemble, beam_search, length_penalty, max_lengths
+from nmt_cli.ensemble import Ensemble
+from nmt_cli.search import beam_search, length_penalty, max_lengths
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -195,7 +196,7 @@ def test_blocks_of_rows_give_the_same_search(monkeypatch, members):
     src = sources([[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6]], 15)
     config = SearchConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=2)
     whole = beam_search(models, src, config)
-    monkeypatch.setattr(search, "block_floats", lambda device: 15 * 5)  # blocks of 5 rows: 12 = 5 + 5 + 2
+    monkeypatch.setattr(ensemble, "block_floats", lambda device: 15 * 5)  # blocks of 5 rows: 12 = 5 + 5 + 2
     blocks = beam_search(models, src, config)
     assert [[h.tokens for h in hyps] for hyps in whole] == [[h.tokens for h in hyps] for hyps in blocks]
     assert [h.score for hyps in whole for h in hyps] == pytest.approx([h.score for hyps in blocks for h in hyps])
@@ -236,7 +237,7 @@ def test_unknown_token_only_when_allowed(monkeypatch):
     model = random_model(8, 0)
     bias = torch.zeros(8)
     bias[UNK_ID] = 20.0  # make <unk> by far the likeliest token
-    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.output_projection(x) + bias)
+    monkeypatch.setattr(ensemble, "search_projection", lambda m: lambda x: m.output_projection(x) + bias)
     src = sources([[4, 5, 6, 7]], 8)
     config = SearchConfig(beam=2, max_len_a=0, max_len_b=5)
     assert UNK_ID not in beam_search(Ensemble([model]), src, config)[0][0].tokens
@@ -248,7 +249,7 @@ def test_vocabulary_fillers_are_never_output(monkeypatch):
     model, fillers = random_model(12, 0), [10, 11]
     bias = torch.zeros(12)
     bias[fillers] = 20.0  # the fillers (never seen in training) by far the likeliest tokens
-    monkeypatch.setattr(search, "search_projection", lambda m: lambda x: m.output_projection(x) + bias)
+    monkeypatch.setattr(ensemble, "search_projection", lambda m: lambda x: m.output_projection(x) + bias)
     src, prefixes = sources([[4, 5, 6, 7], [8, 9]], 12), prefix_tensor([[5], []])
     beam, sampled = SearchConfig(beam=3, nbest=2, max_len_b=5), SearchConfig(sampling=True, nbest=4, max_len_b=5)
 
@@ -340,7 +341,7 @@ def steps_and_reads(monkeypatch, models, run):
 
     tolist, top_tokens = torch.Tensor.tolist, models.top_tokens
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: events.append("read") or tolist(self))
-    monkeypatch.setattr(models, "top_tokens", lambda *args: events.append("step") or top_tokens(*args))
+    monkeypatch.setattr(models, "top_tokens", lambda *args, **kw: events.append("step") or top_tokens(*args, **kw))
     with Reads():
         result = run()
     monkeypatch.undo()

@@ -21,7 +21,7 @@ import sacrebleu
 from common import decoding_arguments, timed
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt_cli import decoding, graphs, search
+from nmt_cli import decoding, ensemble, graphs, search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
 from nmt_cli.device import select, tune
@@ -98,7 +98,7 @@ def main() -> None:
     growing = translator.generator.models
     seconds, outputs = translate(translator, sources)
     operations = operations_per_step(translator, sources)
-    translator.generator.models = search.Ensemble(growing.models, graphs=True)
+    translator.generator.models = ensemble.Ensemble(growing.models, graphs=True)
     graph_seconds, graph_outputs = translate(translator, sources)
     result = {"benchmark": "graph_check", "model": str(args.model), "sentences": len(lines), "device": str(device),
               "dtype": str(dtype).removeprefix("torch."), "replayed": args.replayed,

@@ -49,9 +49,10 @@ from nmt_cli import graphs as nmt_graphs
 from nmt_cli.architecture import PRESETS
 from nmt_cli.config import SearchConfig, TrainConfig
 from nmt_cli.data import Batch, token_batches
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.kernels import use_fast_paths
 from nmt_cli.model import Transformer
-from nmt_cli.search import Ensemble, beam_search
+from nmt_cli.search import beam_search
 from nmt_cli.trainer import Runtime, Trainer
 from nmt_cli.vocab import PAD_ID
 

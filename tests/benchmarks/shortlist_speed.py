@@ -1,0 +1,114 @@
+"""Shortlists: `python tests/benchmarks/shortlist_speed.py -m CKPT -d DATA_DIR [--best 10 20 50]
+[--beam 4] [--lenpen 1.5] [--threads 2]`.
+
+Learns shortlists of DATA_DIR's training split at --first 100 and each --best: IBM model 1's (what
+`nmt shortlist` makes, its time measured) and, for the choice of method, Dice's coefficient
+(2 C(s, t) / (C(s) + C(t)) over sentence co-occurrences). Translates Multi30k's test_2016_flickr
+plainly and with each, the model loaded once, the translation alone timed (the plain run before
+and after the others: the spread is the machine's noise). Prints one JSON line per run: lines/s,
+the speed-up over the mean of the plain runs, sacreBLEU and its change, the mean number of
+columns a batch projects to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import sacrebleu
+import torch
+
+from nmt_cli.datadir import DataDir
+from nmt_cli.shortlist import Shortlist, make, vocabulary_digest
+from nmt_cli.translator import Translator
+
+MULTI30K = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data")) / \
+    "multi30k"
+
+
+def dice(data_dir: Path, first: int, best: int) -> Shortlist:
+    """The shortlist of Dice's coefficient, written out."""
+    data = DataDir.open(data_dir)
+    source_vocab, target_vocab = data.vocabularies()
+    train = data.split("train")
+    pairs, sources, targets = Counter(), Counter(), Counter()
+    for i in range(len(train)):
+        s, t = set(train.source[i].tolist()), set(train.target[i].tolist()) - {0, 1, 2, 3}
+        sources.update(s)
+        targets.update(t)
+        pairs.update((a, b) for a in s for b in t)
+    ranked: dict[int, list[tuple[float, int]]] = {}
+    for (a, b), count in pairs.items():
+        ranked.setdefault(a, []).append((-2 * count / (sources[a] + targets[b]), b))
+    candidates = np.full((len(source_vocab), best), -1, dtype=np.int64)
+    for a, scored in ranked.items():
+        chosen = [b for _, b in sorted(scored)[:best]]
+        candidates[a, :len(chosen)] = chosen
+    frequency = np.bincount(np.asarray(train.target.data, dtype=np.int64), minlength=len(target_vocab))
+    frequency[:4] = 0
+    frequent = np.sort(np.argsort(-frequency, kind="stable")[:first])
+    return Shortlist(candidates, frequent, vocabulary_digest(source_vocab.tokens),
+                     vocabulary_digest(target_vocab.tokens), len(target_vocab))
+
+
+def run(translator: Translator, lines: list[str], references: list[str]) -> tuple[float, float, list[str]]:
+    start = time.perf_counter()
+    outputs = translator.translate(lines)
+    seconds = time.perf_counter() - start
+    return len(lines) / seconds, sacrebleu.corpus_bleu(outputs, [references]).score, outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("-d", "--data", type=Path, required=True, help="the model's data directory")
+    parser.add_argument("-i", "--input", type=Path, default=MULTI30K / "test_2016_flickr.en")
+    parser.add_argument("--ref", type=Path, default=MULTI30K / "test_2016_flickr.de")
+    parser.add_argument("--first", type=int, default=100)
+    parser.add_argument("--best", type=int, nargs="+", default=[10, 20, 50])
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--lenpen", type=float, default=1.5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lines = args.input.read_text(encoding="utf-8").splitlines()
+    references = args.ref.read_text(encoding="utf-8").splitlines()
+    search = {"beam": args.beam, "lenpen": args.lenpen}
+    plain = Translator.load(args.model, device="cpu", **search)
+    plain.translate(lines[:50])  # warm up
+    speed, bleu, _ = run(plain, lines, references)
+    base = {"benchmark": "shortlist", "model": args.model, "lines": len(lines), "threads": args.threads, **search}
+    print(json.dumps({**base, "run": "plain", "lines_per_s": round(speed, 2), "bleu": round(bleu, 2)}), flush=True)
+    speeds, results = [speed], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for best in args.best:
+            for method in ("ibm1", "dice"):
+                start = time.perf_counter()
+                shortlist = make(args.data, args.first, best) if method == "ibm1" else dice(args.data, args.first,
+                                                                                          best)
+                learned = time.perf_counter() - start
+                path = Path(tmp) / f"{method}-{best}.txt"
+                shortlist.save(path)
+                translator = Translator.load(args.model, device="cpu", shortlist=path, **search)
+                translator.translate(lines[:50])
+                listed_speed, listed_bleu, _ = run(translator, lines, references)
+                columns = len(shortlist.columns(translator.source_ids(line) for line in lines[:64]))
+                results.append({**base, "run": f"{method} first {args.first} best {best}",
+                                "lines_per_s": round(listed_speed, 2), "bleu": round(listed_bleu, 2),
+                                "bleu_change": round(listed_bleu - bleu, 2), "learn_s": round(learned, 1),
+                                "columns_of_64_lines": columns})
+    speed, _, _ = run(plain, lines, references)
+    speeds.append(speed)
+    print(json.dumps({**base, "run": "plain again", "lines_per_s": round(speed, 2)}), flush=True)
+    for result in results:
+        print(json.dumps({**result, "speed_up": round(result["lines_per_s"] / (sum(speeds) / len(speeds)), 2)}))
+
+
+if __name__ == "__main__":
+    main()
