@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# A small, fast model from a big one (sequence-level knowledge distillation, Kim & Rush 2016):
+#   1. the teacher translates the training source (beam 4; with NBEST=N, N hypotheses each and
+#      the one of best chrF against the reference kept)
+#   2. the distilled pairs are checked: as many lines as the source, and in its order (SPOT_CHECK
+#      lines drawn at random, translated again, give the same lines: all but a tenth of them, as
+#      a batch of other shapes may round a close call the other way; a shifted file gives none)
+#   3. nmt preprocess of the source with the distilled targets, reusing the teacher's data
+#      directory (its subwords and vocabularies: a shortlist and the teacher's tools fit both)
+#   4. nmt train: the `student` preset (6 encoder layers, 1 decoder layer: a search steps the
+#      decoder alone) with the quickstart's recipe (data/quickstart.yaml) for MINUTES minutes
+#   5. the last 5 checkpoints averaged, a shortlist of the distilled data, and the test set
+#      translated with int8 and the shortlist, timed, and scored
+# Settings: TEACHER (a checkpoint: required), TEACHER_DATA (its data directory: default
+# runs/quickstart/data), RAW (the raw corpus, RAW/{train,val,test_2016_flickr}.{en,de}: default
+# runs/quickstart/raw), WORK (default runs/distill), MINUTES (default 30), THREADS, NBEST,
+# SPOT_CHECK (default 20), STUDENT_ARCH (default student), TRAIN_ARGS (more `nmt train` flags),
+# SHORTLIST_ARGS (default "--first 100 --best 10"), LENPEN (the test set's: default 1.5, the
+# quickstart's), SRC and TGT (default en, de).
+# Running it again resumes where it stopped: finished steps are kept, training resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TEACHER=${TEACHER:?TEACHER=CHECKPOINT bash data/distill.sh}
+TEACHER_DATA=${TEACHER_DATA:-runs/quickstart/data}
+RAW=${RAW:-runs/quickstart/raw}
+WORK=${WORK:-runs/distill}
+MINUTES=${MINUTES:-30}
+THREADS=${THREADS:-$(nproc)}
+SPOT_CHECK=${SPOT_CHECK:-20}
+SRC=${SRC:-en}
+TGT=${TGT:-de}
+mkdir -p "$WORK/distilled"
+distilled=$WORK/distilled/train
+
+# 1. The teacher's translations of the training source (nmt translate writes -o only when complete).
+if [ ! -f "$distilled.$TGT" ]; then
+  if [ -n "${NBEST:-}" ]; then
+    nmt translate -m "$TEACHER" -i "$RAW/train.$SRC" -o "$WORK/distilled/nbest.jsonl" --beam "$(( NBEST > 4 ? NBEST : 4 ))" \
+      --nbest "$NBEST" --format jsonl --threads "$THREADS"
+    python3 - "$WORK/distilled/nbest.jsonl" "$RAW/train.$TGT" "$distilled.$TGT.part" <<'PYTHON'
+import json, sys
+from sacrebleu.metrics import CHRF
+chrf = CHRF()
+with open(sys.argv[1], encoding="utf-8") as records, open(sys.argv[2], encoding="utf-8") as references, \
+        open(sys.argv[3], "w", encoding="utf-8") as out:
+    for record, reference in zip(records, references):
+        texts = [h["text"] for h in json.loads(record)["nbest"]] or [""]
+        out.write(max(texts, key=lambda t: chrf.sentence_score(t, [reference.rstrip("\n")]).score) + "\n")
+PYTHON
+    mv "$distilled.$TGT.part" "$distilled.$TGT"
+  else
+    nmt translate -m "$TEACHER" -i "$RAW/train.$SRC" -o "$distilled.$TGT" --beam 4 --threads "$THREADS"
+  fi
+fi
+cp "$RAW/train.$SRC" "$distilled.$SRC"
+
+# 2. The pairs checked: the line counts, and a spot check of the order.
+source_lines=$(wc -l < "$distilled.$SRC")
+target_lines=$(wc -l < "$distilled.$TGT")
+if [ "$source_lines" != "$target_lines" ]; then
+  echo "distill: $distilled.$TGT has $target_lines lines, $distilled.$SRC $source_lines: remove it and run again" >&2
+  exit 1
+fi
+python3 - "$TEACHER" "$distilled.$SRC" "$distilled.$TGT" "$SPOT_CHECK" "${NBEST:-1}" <<'PYTHON'
+import random, sys
+from nmt_cli import Translator
+teacher, source, target, count, nbest = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+sources = open(source, encoding="utf-8").read().split("\n")[:-1]
+targets = open(target, encoding="utf-8").read().split("\n")[:-1]
+numbers = sorted(random.Random(0).sample(range(len(sources)), min(count, len(sources))))
+found = Translator.load(teacher, device="cpu", beam=max(nbest, 4)).hypotheses([sources[n] for n in numbers],
+                                                                              nbest=nbest)
+wrong = [n for n, hyps in zip(numbers, found) if targets[n] not in [h.text for h in hyps]]
+if len(wrong) > len(numbers) // 10:
+    sys.exit(f"distill: {target}:{wrong[0] + 1} and {len(wrong) - 1} more of {len(numbers)} lines checked are not the "
+             f"translations of their lines of {source}: the pairs are out of order; remove it and run again")
+print(f"distill: {len(sources)} pairs, {len(numbers) - len(wrong)} of {len(numbers)} spot-checked as translated",
+      file=sys.stderr)
+PYTHON
+
+# 3. The distilled data, in the teacher's subwords and vocabularies.
+if [ ! -f "$WORK/data/meta.json" ]; then
+  nmt preprocess -s "$SRC" -t "$TGT" --trainpref "$distilled" --validpref "$RAW/val" \
+    --testpref "$RAW/test_2016_flickr" --destdir "$WORK/data" --from-data "$TEACHER_DATA" --quiet
+fi
+
+# 4. The student.
+SAVE_EVERY=$(python3 -c "print(max($MINUTES / 15, 0.1))")
+nmt train "$WORK/data" --save-dir "$WORK/ckpt" --config data/quickstart.yaml --arch "${STUDENT_ARCH:-student}" \
+  --max-time "$MINUTES" --save-interval-minutes "$SAVE_EVERY" --keep-last 5 --threads "$THREADS" --quiet \
+  ${TRAIN_ARGS:-}
+
+# 5. Averaged, shortlisted, quantized, evaluated.
+nmt average-checkpoints --dir "$WORK/ckpt" --last 5 -o "$WORK/student.pt"
+nmt shortlist "$WORK/data" -o "$WORK/shortlist.txt" ${SHORTLIST_ARGS:---first 100 --best 10}
+start=$(date +%s.%N)
+nmt translate -m "$WORK/student.pt" -i "$RAW/test_2016_flickr.$SRC" -o "$WORK/test_2016_flickr.hyp.$TGT" \
+  --beam 4 --lenpen "${LENPEN:-1.5}" --quantize int8 --shortlist "$WORK/shortlist.txt" --threads "$THREADS"
+echo "distill: the student translated test_2016_flickr in $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s" \
+  "(int8, shortlist, $THREADS threads, start-up included)" | tee "$WORK/speed.txt"
+nmt score -r "$RAW/test_2016_flickr.$TGT" -i "$WORK/test_2016_flickr.hyp.$TGT" | tee "$WORK/bleu.txt"

@@ -1,0 +1,55 @@
+"""data/distill.sh, run whole at tiny sizes: a teacher's translations of the training source,
+checked, a student trained on them, shortlisted, quantized and scored; pairs out of order or cut
+short are refused."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from builders import LEARNER, LEARNER_RECIPE, run_training
+from conftest import cli, synthetic_pairs, write_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_recipe_distills_a_student_and_refuses_pairs_out_of_order(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, n, seed in (("train", 80, 0), ("val", 10, 1), ("test_2016_flickr", 10, 2)):
+        pairs = synthetic_pairs(n, seed)
+        write_lines(raw / f"{split}.src", [s for s, _ in pairs])
+        write_lines(raw / f"{split}.tgt", [t for _, t in pairs])
+    made = cli("preprocess", "-s", "src", "-t", "tgt", "--trainpref", raw / "train", "--validpref", raw / "val",
+               "--destdir", tmp_path / "data", "--tokenizer", "none", "--bpe-merges", 0, "--quiet", "--workers", 1)
+    assert made.exit_code == 0, made.output
+    run_training(tmp_path / "data", tmp_path / "teacher", LEARNER, max_updates=100, **LEARNER_RECIPE).run()
+    work = tmp_path / "work"
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                   "TEACHER": str(tmp_path / "teacher/checkpoint_last.pt"), "TEACHER_DATA": str(tmp_path / "data"),
+                   "RAW": str(raw), "WORK": str(work), "SRC": "src", "TGT": "tgt", "THREADS": "1", "MINUTES": "5",
+                   "SHORTLIST_ARGS": "--first 3 --best 2",
+                   "TRAIN_ARGS": "--max-updates 5 --save-interval-updates 1 --max-tokens 200 --d-model 32 --d-ff 64 "
+                                 "--heads 2"}
+
+    def distill() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(ROOT / "data/distill.sh")], env=environment, capture_output=True,
+                              text=True, timeout=600)
+
+    done = distill()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "distill: 80 pairs, " in done.stderr and " of 20 spot-checked as translated" in done.stderr
+    assert (work / "bleu.txt").read_text().startswith("BLEU") and "int8, shortlist" in (work / "speed.txt").read_text()
+    about = json.loads(cli("info", "-m", work / "student.pt", "--json").stdout)
+    assert about["layers"] == "6 encoder, 1 decoder"
+    distilled = work / "distilled/train.tgt"
+    lines = distilled.read_text().splitlines()
+    write_lines(distilled, lines[1:] + lines[:1])  # shifted by one
+    done = distill()
+    assert done.returncode == 1 and "the pairs are out of order; remove it and run again" in done.stderr
+    write_lines(distilled, lines[:-1])
+    done = distill()
+    assert done.returncode == 1 and f"{distilled} has 79 lines" in done.stderr
