@@ -16,6 +16,20 @@ from conftest import NEEDS_CTRANSLATE2, synthetic_data_dir, tiny_checkpoint, tin
 BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
 
 
+def whole_shortlist(model: Path, path: Path) -> Path:
+    """A shortlist of the checkpoint's whole target vocabulary (its outputs unchanged)."""
+    import numpy as np
+
+    from nmt_cli.checkpoint import load_bundle
+    from nmt_cli.shortlist import Shortlist, vocabulary_digest
+
+    bundle = load_bundle(model)
+    source, target = bundle.src_vocab.tokens, bundle.tgt_vocab.tokens
+    Shortlist(np.full((len(source), 0), -1), np.arange(len(target)), vocabulary_digest(source),
+              vocabulary_digest(target), len(target)).save(path)
+    return path
+
+
 def run(script: str, *args: object) -> list[dict]:
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *map(str, args)], capture_output=True,
                           text=True, timeout=300)
@@ -42,6 +56,9 @@ def test_decode_speed(tmp_path):
     assert result["steps_between_reads"] == 3
     assert result["sentences"] == 3 and result["target_tokens_per_s"] > 0 and 0 <= result["bleu"] <= 100
     assert result["device_busy"] is None and "aten::" in (tmp_path / "profile.txt").read_text()
+    (listed,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1, "--quantize", "int8",
+                    "--shortlist", whole_shortlist(model, tmp_path / "whole.txt"))
+    assert listed["shortlist"] == str(tmp_path / "whole.txt") and 0 <= listed["bleu"] <= 100
 
 
 @pytest.mark.slow
@@ -127,6 +144,9 @@ def test_ctranslate2_decode_speed(tmp_path):
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
     (result,) = run("ctranslate2_decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1)
     assert result["sentences"] == 3 and result["max_token_logprob_difference"] < 1e-4
+    (listed,) = run("ctranslate2_decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1,
+                    "--compute-type", "int8", "--shortlist", whole_shortlist(model, tmp_path / "whole.txt"))
+    assert listed["shortlist"] == str(tmp_path / "whole.txt") and listed["sentences_per_s"] > 0
 
 
 @pytest.mark.slow

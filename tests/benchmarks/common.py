@@ -98,6 +98,7 @@ def decoding_arguments(description: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--lenpen", type=float, default=0.6)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shortlist", type=Path, help="a shortlist of `nmt shortlist` (CTranslate2: a vocabulary map)")
     return parser
 
 

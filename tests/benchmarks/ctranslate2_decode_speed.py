@@ -1,4 +1,5 @@
-"""CTranslate2 side by side: `python tests/benchmarks/ctranslate2_decode_speed.py -m CKPT [--compute-type float32]`.
+"""CTranslate2 side by side: `python tests/benchmarks/ctranslate2_decode_speed.py -m CKPT [--compute-type float32]
+[--shortlist FILE]` (with a shortlist: exported as its vocabulary map, and `use_vmap=True`).
 
 Converts one of our checkpoints into a CTranslate2 model as `nmt export --format ctranslate2`
 does (same weights, our position table, decoding starts from <s>), checks that
@@ -24,6 +25,7 @@ import numpy as np
 from common import OurSide, decoding_arguments, reference_log_probs
 
 from nmt_cli.export import save_ctranslate2
+from nmt_cli.translator import load_shortlist
 
 
 def main() -> None:
@@ -34,7 +36,8 @@ def main() -> None:
     source_tokens = [ours.bundle.src_vocab.decode(s) for s in ours.sources]
     references = reference_log_probs(ours.translator, ours.sources[:50], ours.refs[:50])
     with tempfile.TemporaryDirectory() as work:
-        save_ctranslate2(ours.bundle, Path(work) / "ct2")  # what `nmt export --format ctranslate2` writes
+        shortlist = args.shortlist and load_shortlist(args.shortlist, ours.bundle)
+        save_ctranslate2(ours.bundle, Path(work) / "ct2", shortlist=shortlist)  # what `nmt export` writes
         translator = ctranslate2.Translator(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
                                             intra_threads=args.threads, inter_threads=1)
         # same model? score the references with CTranslate2 too (it adds the EOS itself)
@@ -45,13 +48,15 @@ def main() -> None:
         start = time.perf_counter()
         results = translator.translate_batch(source_tokens, beam_size=args.beam, length_penalty=args.lenpen,
                                              max_batch_size=args.max_tokens, batch_type="tokens",
+                                             use_vmap=shortlist is not None,
                                              max_decoding_length=min(256, ours.bundle.model.config.max_positions - 1))
         seconds = time.perf_counter() - start
     hyps = [r.hypotheses[0] for r in results]
     outputs = [ours.translator.pipeline.target.decode(h) for h in hyps]
     print(json.dumps({
         "benchmark": "ctranslate2_decode_speed", "ctranslate2": ctranslate2.__version__,
-        "compute_type": args.compute_type, "model": str(args.model), "sentences": len(ours.lines), "beam": args.beam,
+        "compute_type": args.compute_type, "shortlist": args.shortlist and str(args.shortlist),
+        "model": str(args.model), "sentences": len(ours.lines), "beam": args.beam,
         "threads": args.threads, "max_token_logprob_difference": round(max(diffs), 5),
         **ours.figures(seconds, sum(len(h) + 1 for h in hyps), outputs),
     }))

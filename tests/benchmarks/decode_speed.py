@@ -1,4 +1,5 @@
 """Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--quantize int8]
+[--shortlist FILE]
 [--device cuda --precision bf16 --cuda-graphs --steps-between-reads N --profile FILE]`.
 
 Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
@@ -28,7 +29,7 @@ from nmt_cli import search
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
 from nmt_cli.device import select, tune
-from nmt_cli.translator import Translator
+from nmt_cli.translator import Translator, load_shortlist
 
 
 def profiled(translator: Translator, sources: list[list[int]], path: Path) -> float | None:
@@ -68,13 +69,16 @@ def main() -> None:
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize, cuda_graphs=args.cuda_graphs)
-    translator = Translator([load_bundle(args.model)], options, device, dtype)
+    bundle = load_bundle(args.model)
+    translator = Translator([bundle], options, device, dtype,
+                            shortlist=args.shortlist and load_shortlist(args.shortlist, bundle))
     sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
     seconds, waits, hyps = timed(translator, sources)
     outputs = [translator.pipeline.text(h[0].tokens) if h else "" for h in hyps]
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
     result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
               "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": args.quantize,
+              "shortlist": args.shortlist and str(args.shortlist),
               "cuda_graphs": args.cuda_graphs, "steps_between_reads": search.steps_between_reads(device),
               "threads": torch.get_num_threads(), "seconds": round(seconds, 2),
               "sentences_per_s": round(len(lines) / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1),
