@@ -17,12 +17,17 @@ from nmt_cli.model import KeyValueCache, Transformer
 class DecoderState(Protocol):
     """What a search step needs between steps: per decoder layer the encoder's keys and values
     (one row per sentence) and the cache of the earlier positions (one row per decoder row: a
-    sentence's beams are consecutive rows), the source mask, and the next position."""
+    sentence's beams are consecutive rows), the source mask, and the next position. A search
+    calls `step`; the step calls `advance`."""
 
     memory_kv: list[tuple[Tensor, Tensor]]
     src_mask: Tensor
     caches: Sequence[KeyValueCache]
     position: int | Tensor
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """The decoder's output (rows, d_model) for the next token of each row, given its last
+        token (`tokens`), before the projection to the vocabulary."""
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Continue from decoder rows `rows` (the beams a search kept), and where sentences are
@@ -42,11 +47,12 @@ def step_output(model: Transformer, tokens: Tensor, state: DecoderState) -> Tens
 
 
 class GrowingState:
-    """A `DecoderState` whose caches grow by one position a step. Each step copies a layer's
-    cache once, taking the rows the search kept and adding the new position's keys and values."""
+    """A `DecoderState` of `model` whose caches grow by one position a step. Each step copies a
+    layer's cache once, taking the rows the search kept and adding the new position's keys and
+    values."""
 
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
-        self.memory_kv, self.src_mask = memory_kv, src_mask
+    def __init__(self, model: Transformer, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
+        self.model, self.memory_kv, self.src_mask = model, memory_kv, src_mask
         self.caches = [GrowingCache(self) for _ in memory_kv]
         self.rows: Tensor | None = None  # the cache rows to take at the next step (None: all, in order)
         self.position = 0
@@ -57,6 +63,9 @@ class GrowingState:
             self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, sentences)
         self.rows = rows if self.rows is None else self.rows.index_select(0, rows)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        return step_output(self.model, tokens, self)
 
     def advance(self) -> None:
         self.position, self.rows = self.position + 1, None
@@ -83,4 +92,5 @@ def start(model: Transformer, src: Tensor) -> GrowingState:
     each laid out contiguously (as views of the fused projection, every step's attention would
     copy them)."""
     memory, src_mask = model.encode(src)
-    return GrowingState([(k.contiguous(), v.contiguous()) for k, v in model.memory_keys_values(memory)], src_mask)
+    return GrowingState(model, [(k.contiguous(), v.contiguous()) for k, v in model.memory_keys_values(memory)],
+                        src_mask)

@@ -28,6 +28,13 @@ class SearchInterrupted(Exception):
     """A search stopped before its end (`Ensemble.deadline`)."""
 
 
+def averaged(log_probs: list[Tensor]) -> Tensor:
+    """An ensemble's log-probabilities: the log of the mean of its members' probabilities."""
+    if len(log_probs) == 1:
+        return log_probs[0]
+    return torch.logsumexp(torch.stack(log_probs), 0) - math.log(len(log_probs))
+
+
 @dataclass(frozen=True)
 class OutputLayer:
     """One search's projection of each model's decoder output to the next token's log-probabilities
@@ -41,8 +48,8 @@ class OutputLayer:
 
     def log_probs(self, outputs: list[Tensor]) -> Tensor:
         """(rows, columns) log-probabilities of the decoder `outputs` (one (rows, d_model) per model)."""
-        lprobs = [torch.log_softmax(project(out).float(), dim=-1) for project, out in zip(self.projections, outputs)]
-        return lprobs[0] if len(lprobs) == 1 else torch.logsumexp(torch.stack(lprobs), 0) - math.log(len(lprobs))
+        return averaged([torch.log_softmax(project(out).float(), dim=-1)
+                         for project, out in zip(self.projections, outputs)])
 
     def positions(self, ids: Tensor) -> Tensor:
         """Token `ids` (-1: none) as positions among the columns (-1: none, or not a column)."""
@@ -119,8 +126,7 @@ class Ensemble:
         """
         layer = layer or self.output_layer()
         tokens, output = history[:, -1], layer.positions(history[:, 1:])
-        outputs = [state.step(tokens) if self.graphs is not None else decoding.step_output(model, tokens, state)
-                   for model, state in zip(self.models, states)]
+        outputs = [state.step(tokens) for state in states]
         forced = None if forced is None else layer.positions(forced)
         rules = None if rules is None else (layer.positions(rules[0]), layer.positions(rules[1]))
         rows, width = tokens.size(0), self.vocab_size if layer.columns is None else len(layer.columns)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import secrets
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +20,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.constraints import Phrases, Terms
 from nmt_cli.data import pad
 from nmt_cli.device import out_of_memory
-from nmt_cli.ensemble import Ensemble
+from nmt_cli.ensemble import Ensemble, averaged
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
 from nmt_cli.sampling import sample
@@ -147,8 +146,7 @@ class Generator:
         for model in self.models.models:  # log p = logit - logsumexp: no (tokens, vocab) log-probabilities
             logits = model(src, tgt_in).float()
             token_log_probs.append((logits.gather(-1, tgt_out) - logits.logsumexp(-1, keepdim=True)).squeeze(-1))
-        n = len(token_log_probs)
-        log_probs = token_log_probs[0] if n == 1 else torch.logsumexp(torch.stack(token_log_probs), 0) - math.log(n)
+        log_probs = averaged(token_log_probs)
         return [row[:len(targets[i]) + 1] for row, i in zip(log_probs.tolist(), batch)]
 
     def _padded(self, rows: list[list[int]], value: int = PAD_ID) -> torch.Tensor:
