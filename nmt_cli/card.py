@@ -83,7 +83,7 @@ def model_card(bundle: ModelBundle, checkpoint: dict[str, Any], source: str, sea
     results = _results(checkpoint, evaluations, pair)
     if results:
         front["model-index"] = [{"name": f"{pair} Transformer", "results": results}]
-    trained_on = ", ".join(Path(f).name for f in ((checkpoint.get("data") or {}).get("inputs") or {}).get("train", []))
+    trained_on = _files(checkpoint, "train")
     lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
              f"# {pair} Transformer", "",
              'The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), trained with nmt-cli '
@@ -120,7 +120,7 @@ def _results(checkpoint: dict[str, Any], evaluations: list[Evaluation], pair: st
     results = []
     progress = checkpoint.get("progress") or {}
     if progress.get("best_valid_bleu", -1) >= 0:
-        valid = ", ".join(Path(f).name for f in ((checkpoint.get("data") or {}).get("inputs") or {}).get("valid", []))
+        valid = _files(checkpoint, "valid")
         results.append({"task": task, "dataset": {"name": valid or "valid", "type": "valid"},
                         "metrics": [{"type": "bleu", "value": round(progress["best_valid_bleu"], 2),
                                      "name": "best validation BLEU in training",
@@ -132,13 +132,18 @@ def _results(checkpoint: dict[str, Any], evaluations: list[Evaluation], pair: st
     return results
 
 
+def _files(checkpoint: dict[str, Any], split: str) -> str:
+    """The names of a split's files as the checkpoint records them (not where they lay on the
+    machine that trained); empty when not recorded."""
+    return ", ".join(Path(f).name for f in ((checkpoint.get("data") or {}).get("inputs") or {}).get(split, []))
+
+
 def _training(checkpoint: dict[str, Any]) -> list[str]:
     """The card's lines on the training data, the run and its validation, as far as recorded."""
     lines, data = [], checkpoint.get("data") or {}
-    for split, files in (data.get("inputs") or {}).items():
+    for split in data.get("inputs") or {}:
         pairs = (data.get("pairs") or {}).get(split)
-        names = ", ".join(Path(f).name for f in files)  # not where they lay on the machine that trained
-        lines.append(f"- {split}: {names}" + (f" ({pairs:,} pairs)" if pairs else ""))
+        lines.append(f"- {split}: {_files(checkpoint, split)}" + (f" ({pairs:,} pairs)" if pairs else ""))
     progress = checkpoint.get("progress") or {}
     if "updates" in progress:
         lines.append(f"- updates: {progress['updates']:,}")

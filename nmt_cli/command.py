@@ -104,15 +104,15 @@ def dump_config(command: click.Command, params: dict[str, Any]) -> str:
     for key, (name, negated) in option_keys(command).items():
         if not negated:
             names.setdefault(name, key)  # its first long option name
-    plain = {names[param.name]: _plain(params[param.name]) for param in command.params
+    plain = {names[param.name]: as_written(params[param.name]) for param in command.params
              if param.name in names and params.get(param.name) is not None}
     return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
-def _plain(value: Any) -> Any:
-    """A parameter's value as YAML writes it: paths as text, tuples as lists."""
+def as_written(value: Any) -> Any:
+    """A parameter's value as a config file holds it: paths as text, tuples as lists."""
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
+        return [as_written(v) for v in value]
     return value

@@ -43,6 +43,7 @@ class OutputLayer:
     and constraints') go in as positions among them (`positions`) and come out as ids (`ids`)."""
 
     projections: list[Callable[[Tensor], Tensor]]
+    width: int  # the columns a row has: the vocabulary's size, or the shortlist's
     columns: Tensor | None = None
     inverse: Tensor | None = None  # each vocabulary id's position among the columns (-1: none)
 
@@ -98,10 +99,10 @@ class Ensemble:
         """The output layer of a search: to the whole vocabulary, or to a shortlist's `columns`
         (sorted token ids, EOS among them)."""
         if columns is None:
-            return OutputLayer(self.projections)
+            return OutputLayer(self.projections, self.vocab_size)
         inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=columns.device)
         inverse[columns] = torch.arange(len(columns), device=columns.device)
-        return OutputLayer([search_projection(m, columns) for m in self.models], columns, inverse)
+        return OutputLayer([search_projection(m, columns) for m in self.models], len(columns), columns, inverse)
 
     def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState]:
         """Encode `src` for a search of `beam` rows per sentence and up to `length` positions."""
@@ -129,8 +130,8 @@ class Ensemble:
         outputs = [state.step(tokens) for state in states]
         forced = None if forced is None else layer.positions(forced)
         rules = None if rules is None else (layer.positions(rules[0]), layer.positions(rules[1]))
-        rows, width = tokens.size(0), self.vocab_size if layer.columns is None else len(layer.columns)
-        block = max(1, block_floats(tokens.device) // width)
+        rows = tokens.size(0)
+        block = max(1, block_floats(tokens.device) // layer.width)
         values, indices = [], []
         for start in range(0, rows, block):
             part = slice(start, start + block)

@@ -76,7 +76,7 @@ def vocabulary_map(shortlist: Shortlist, bundle: ModelBundle) -> str:
     source, target = bundle.src_vocab.tokens, bundle.tgt_vocab.tokens
     lines = ["\t" + " ".join(target[i] for i in shortlist.frequent)]
     lines += [f"{source[i]}\t{' '.join(target[t] for t in row[row >= 0])}"
-              for i, row in enumerate(shortlist.candidates) if (row >= 0).any() and i < len(source)]
+              for i, row in enumerate(shortlist.candidates) if (row >= 0).any()]
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from nmt_cli.architecture import PRESETS, ModelConfig
+from nmt_cli.command import as_written
 from nmt_cli.options import check_applies, knob_problem
 
 
@@ -122,12 +123,8 @@ def given_flags() -> set[str]:
     defaults = {param.name: param.default for param in ctx.command.params}
     return {name for name, value in ctx.params.items() if ctx.get_parameter_source(name) in sources
             or (ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT_MAP
-                and _plain(value) != _plain(defaults.get(name)))}
+                and as_written(value) != as_written(defaults.get(name)))}
 
-
-def _plain(value: Any) -> Any:
-    """A value as a config file may give it (a list for a tuple)."""
-    return list(value) if isinstance(value, tuple) else value
 
 
 def model_options(command: Callable) -> Callable:

@@ -19,14 +19,20 @@ class NoSuchPair(ValueError):
     """A request whose language pair the server does not serve (or names ambiguously)."""
 
 
+def named_pair(value: str) -> tuple[Pair | None, Path]:
+    """A `[SRC-TGT=]FILE` value as (its pair, or None without one; its file). A file that exists
+    is a file, whatever its name looks like."""
+    named = None if Path(value).exists() else NAMED.fullmatch(value)
+    return ((named[1], named[2]), Path(named[3])) if named else (None, Path(value))
+
+
 def load_pairs(values: Sequence[str]) -> dict[Pair, list[ModelBundle]]:
     """The models of each pair, in the order given."""
     pairs: dict[Pair, list[ModelBundle]] = {}
     for value in values:
-        named = None if Path(value).exists() else NAMED.fullmatch(value)  # a file may have such a name
-        bundle = load_bundle(Path(named[3] if named else value))
-        pair = (named[1], named[2]) if named else (bundle.text.source_lang, bundle.text.target_lang)
-        pairs.setdefault(pair, []).append(bundle)
+        pair, path = named_pair(value)
+        bundle = load_bundle(path)
+        pairs.setdefault(pair or (bundle.text.source_lang, bundle.text.target_lang), []).append(bundle)
     return pairs
 
 
@@ -37,14 +43,14 @@ def load_shortlists(values: Sequence[str], pairs: dict[Pair, list[ModelBundle]])
 
     shortlists: dict[Pair, Shortlist] = {}
     for value in values:
-        named = None if Path(value).exists() else NAMED.fullmatch(value)
-        if named is None and len(pairs) > 1:
+        pair, path = named_pair(value)
+        if pair is None and len(pairs) > 1:
             raise NmtError(f"--shortlist {value}: this server translates {len(pairs)} language pairs; name the pair "
                            "(--shortlist SRC-TGT=FILE)")
-        pair = (named[1], named[2]) if named else next(iter(pairs))
+        pair = pair or next(iter(pairs))
         if pair not in pairs:
             raise NmtError(f"--shortlist {value}: no model for {pair[0]}-{pair[1]} is served")
-        shortlists[pair] = load_shortlist(Path(named[3] if named else value), pairs[pair][0])
+        shortlists[pair] = load_shortlist(path, pairs[pair][0])
     return shortlists
 
 

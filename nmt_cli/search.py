@@ -226,7 +226,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     # sentence's `beam` rows come from its best continuations. Not when the vocabulary cannot
     # fill a beam from one row, nor with graphs (whose rows are fixed).
     layer = models.output_layer(columns)
-    k = min(2 * beam, models.vocab_size if columns is None else len(columns))
+    k = min(2 * beam, layer.width)
     width = 1 if k >= beam and models.graphs is None else beam
     scores = torch.zeros(batch, width, device=device)
     scores[:, 1:] = -math.inf  # identical beams: expand the first only

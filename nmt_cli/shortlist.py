@@ -85,24 +85,23 @@ class Shortlist:
             raise NmtError(f"{path}:1: not a shortlist of `nmt shortlist` (expected {HEADER!r})")
         try:
             head = json.loads(lines[1])
-            size, best, frequent = int(head["source_size"]), int(head["best"]), np.asarray(head["frequent"], np.int64)
-            rows = lines[2:2 + size]
-            if len(rows) < size or lines[2 + size:] != [""]:
-                raise NmtError(f"{path}:{len(lines)}: {len(lines) - 3} source tokens, the header says {size} "
-                               "(a truncated or altered file)")
-            candidates = np.full((size, best), -1, dtype=np.int64)
-            for number, row in enumerate(rows):
-                ids = [int(t) for t in row.split()]
-                if len(ids) > best or any(not 0 <= t < int(head["target_size"]) for t in ids):
-                    raise NmtError(f"{path}:{number + 3}: more than {best} candidates, or an id outside the target "
-                                   "vocabulary")
-                candidates[number, :len(ids)] = ids
-            return cls(candidates, frequent, str(head["source_vocabulary"]), str(head["target_vocabulary"]),
-                       int(head["target_size"]))
+            size, best, target_size = int(head["source_size"]), int(head["best"]), int(head["target_size"])
+            frequent = np.asarray(head["frequent"], np.int64)
+            digests = str(head["source_vocabulary"]), str(head["target_vocabulary"])
         except (ValueError, KeyError, TypeError, IndexError) as e:
-            if isinstance(e, NmtError):
-                raise
             raise NmtError(f"{path}:2: a damaged shortlist header ({type(e).__name__}: {e})") from None
+        rows = lines[2:2 + size]
+        if len(rows) < size or lines[2 + size:] != [""]:
+            raise NmtError(f"{path}:{len(lines)}: {len(lines) - 3} source tokens, the header says {size} "
+                           "(a truncated or altered file)")
+        candidates = np.full((size, best), -1, dtype=np.int64)
+        for number, row in enumerate(rows, start=3):
+            ids = [int(t) for t in row.split() if t.isdigit()]
+            if len(ids) != len(row.split()) or len(ids) > best or any(t >= target_size for t in ids):
+                raise NmtError(f"{path}:{number}: more than {best} candidates, or an id outside the target "
+                               "vocabulary")
+            candidates[number - 3, :len(ids)] = ids
+        return cls(candidates, frequent, *digests, target_size)
 
 
 def make(data_dir: Path, first: int, best: int) -> Shortlist:
@@ -181,6 +180,6 @@ def _best(keys: np.ndarray, probability: np.ndarray, source_size: int, target_si
     source, target = source[order], target[order]
     rank = np.arange(len(source)) - np.searchsorted(source, source)
     chosen = rank < best
-    candidates = np.full((source_size, max(best, 1)), -1, dtype=np.int64)
+    candidates = np.full((source_size, best), -1, dtype=np.int64)
     candidates[source[chosen], rank[chosen]] = target[chosen]
-    return candidates[:, :best]
+    return candidates

@@ -26,7 +26,7 @@ from nmt_cli.device import tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks, line_count
-from nmt_cli.records import score_record, translations_record
+from nmt_cli.records import attention_record, score_record, translations_record
 from nmt_cli.translator import CHUNK_LINES, Translator, load_shortlist, model_search
 
 
@@ -44,18 +44,21 @@ def translate_lines(translator: Translator, lines: list[str], first_number: int 
     outputs = []
     for k, hyps in enumerate(found):
         number = first_number + k
-        if hyps and config.attention_plot is not None:
+        weights, labels = None, None
+        if hyps and (config.attention_plot is not None or (config.format == "jsonl" and config.attention)):
+            weights, labels = translator.attention(sources[k], hyps[0].tokens), translator.labels(sources[k],
+                                                                                                    hyps[0].tokens)
+        if weights is not None and config.attention_plot is not None:
             from nmt_cli.plot import attention_maps
 
-            attention_maps(translator.attention(sources[k], hyps[0].tokens),
-                           *translator.labels(sources[k], hyps[0].tokens), config.attention_plot,
-                           f"line{number:06d}", config.plot_layers, config.plot_heads)
+            attention_maps(weights, *labels, config.attention_plot, f"line{number:06d}", config.plot_layers,
+                           config.plot_heads)
         if config.format == "text":
             outputs.append(translator.translation(hyps[0]).text if hyps else "")
             continue
         record = translations_record(number, [translator.translation(h) for h in hyps])
-        if hyps and config.attention:
-            record["attention"] = translator.alignment(sources[k], hyps[0], config.attention_layer)
+        if weights is not None and config.attention:
+            record["attention"] = attention_record(weights, config.attention_layer, labels)
         outputs.append(json.dumps(record, ensure_ascii=False))
     return outputs
 

@@ -359,11 +359,11 @@ class Translator:
                 found[k] = [Hypothesis(self.pipeline.prefix_alone(prefix, first_number + k), 0.0, 0.0)]
         return found
 
-    def alignment(self, source: list[int], hypothesis: Hypothesis, layer: int | None = None) -> dict[str, Any]:
-        """The cross-attention of decoder `layer` (default: the last) between a source (its ids)
-        and a hypothesis, heads averaged: one row of source weights per output token (an alignment)."""
+    def alignment(self, source: list[int], hypothesis: Hypothesis) -> dict[str, Any]:
+        """The cross-attention of the last decoder layer between a source (its ids) and a
+        hypothesis, heads averaged: one row of source weights per output token (an alignment)."""
         weights = self.attention(source, hypothesis.tokens)
-        return attention_record(weights, layer, self.labels(source, hypothesis.tokens))
+        return attention_record(weights, None, self.labels(source, hypothesis.tokens))
 
     def labels(self, source: list[int], output: list[int]) -> tuple[list[str], list[str]]:
         """The tokens of a source and an output (their ids), </s> included, as pictures label them."""

@@ -69,6 +69,16 @@ def prefix_tensor(prefixes):
     return torch.tensor([p + [-1] * (longest - len(p)) for p in prefixes])
 
 
+def whole_shortlist(source_tokens, target_tokens):
+    """A shortlist whose frequent tokens are the whole target vocabulary: it leaves every output as it is."""
+    import numpy as np
+
+    from nmt_cli.shortlist import Shortlist, vocabulary_digest
+
+    return Shortlist(np.full((len(source_tokens), 0), -1), np.arange(len(target_tokens)),
+                     vocabulary_digest(source_tokens), vocabulary_digest(target_tokens), len(target_tokens))
+
+
 # ---------------------------------------------------------------------------- training
 
 TRAIN_TINY = PRESETS["small"].replace(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=2,

@@ -16,17 +16,14 @@ from conftest import NEEDS_CTRANSLATE2, synthetic_data_dir, tiny_checkpoint, tin
 BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
 
 
-def whole_shortlist(model: Path, path: Path) -> Path:
-    """A shortlist of the checkpoint's whole target vocabulary (its outputs unchanged)."""
-    import numpy as np
+def saved_whole_shortlist(model: Path, path: Path) -> Path:
+    """A shortlist of the checkpoint's whole target vocabulary (its outputs unchanged), saved at `path`."""
+    from builders import whole_shortlist
 
     from nmt_cli.checkpoint import load_bundle
-    from nmt_cli.shortlist import Shortlist, vocabulary_digest
 
     bundle = load_bundle(model)
-    source, target = bundle.src_vocab.tokens, bundle.tgt_vocab.tokens
-    Shortlist(np.full((len(source), 0), -1), np.arange(len(target)), vocabulary_digest(source),
-              vocabulary_digest(target), len(target)).save(path)
+    whole_shortlist(bundle.src_vocab.tokens, bundle.tgt_vocab.tokens).save(path)
     return path
 
 
@@ -57,7 +54,7 @@ def test_decode_speed(tmp_path):
     assert result["sentences"] == 3 and result["target_tokens_per_s"] > 0 and 0 <= result["bleu"] <= 100
     assert result["device_busy"] is None and "aten::" in (tmp_path / "profile.txt").read_text()
     (listed,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1, "--quantize", "int8",
-                    "--shortlist", whole_shortlist(model, tmp_path / "whole.txt"))
+                    "--shortlist", saved_whole_shortlist(model, tmp_path / "whole.txt"))
     assert listed["shortlist"] == str(tmp_path / "whole.txt") and 0 <= listed["bleu"] <= 100
 
 
@@ -145,7 +142,7 @@ def test_ctranslate2_decode_speed(tmp_path):
     (result,) = run("ctranslate2_decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1)
     assert result["sentences"] == 3 and result["max_token_logprob_difference"] < 1e-4
     (listed,) = run("ctranslate2_decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1,
-                    "--compute-type", "int8", "--shortlist", whole_shortlist(model, tmp_path / "whole.txt"))
+                    "--compute-type", "int8", "--shortlist", saved_whole_shortlist(model, tmp_path / "whole.txt"))
     assert listed["shortlist"] == str(tmp_path / "whole.txt") and listed["sentences_per_s"] > 0
 
 

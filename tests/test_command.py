@@ -90,3 +90,13 @@ def test_the_quickstart_recipe_is_a_config_file_of_nmt_train():
     values = yaml.safe_load(recipe.read_text())
     assert values["arch"] == "small" and values["lr-schedule"] == "linear"
     assert f"--config {recipe.relative_to(ROOT)}" in (ROOT / "data/quickstart.sh").read_text()
+
+
+def test_an_empty_config_file_sets_nothing_and_an_unreadable_one_is_one_line(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    dumped = cli("info", "--config", tmp_path / "empty.yaml", "--dump-config")
+    assert dumped.exit_code == 0 and dumped.stdout == cli("info", "--dump-config").stdout
+    assert "arch: base" in dumped.stdout
+    (tmp_path / "latin1.yaml").write_bytes("beam: 4 # \xe9t\xe9\n".encode("latin-1"))
+    result = cli("translate", "--config", tmp_path / "latin1.yaml")
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {tmp_path / 'latin1.yaml'}: unreadable (")

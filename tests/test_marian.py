@@ -147,6 +147,15 @@ def test_the_model_card_says_what_the_model_is_and_was_trained_on(exported):
         assert result["metrics"][0]["type"] == "bleu" and "tok:13a" in result["metrics"][0]["args"]
 
 
+def test_a_test_set_whose_sides_differ_in_length_is_one_line(exported, tmp_path):
+    tmp, _, _ = exported
+    (tmp_path / "short.tgt").write_text("a\n")
+    result = run("export", "-m", tmp / "ck/checkpoint_last.pt", "--format", "transformers", "-o", tmp_path / "hf",
+                 "--eval", tmp / "raw/valid.src", tmp_path / "short.tgt")
+    assert result.exit_code == 1 and "has 40 lines but" in result.output and "line counts differ" in result.output
+    assert not (tmp_path / "hf").exists()
+
+
 def test_the_card_scores_a_test_set_as_nmt_score_does_and_states_the_licence(exported, tmp_path):
     """`--eval SRC REF`: the checkpoint's translations of SRC scored against REF, the same scores
     as `nmt translate` then `nmt score` give, in the card and its model-index."""

@@ -5,12 +5,12 @@ import json
 
 import numpy as np
 import pytest
-from builders import run_training
+from builders import run_training, whole_shortlist
 from conftest import NEEDS_CTRANSLATE2, cli, synthetic_data_dir
 
 from nmt_cli import NmtError, Translator
 from nmt_cli.datadir import DataDir
-from nmt_cli.shortlist import Shortlist, make, vocabulary_digest
+from nmt_cli.shortlist import Shortlist, make
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 LINES = ["a b c d", "e f g", "h a b c d e f g", "c", "d d e"]
@@ -26,10 +26,8 @@ def trained(tmp_path_factory):
 
 
 def whole(data) -> Shortlist:
-    """A shortlist whose frequent tokens are the whole target vocabulary."""
     source, target = DataDir.open(data).vocabularies()
-    return Shortlist(np.full((len(source), 0), -1), np.arange(len(target)), vocabulary_digest(source.tokens),
-                     vocabulary_digest(target.tokens), len(target))
+    return whole_shortlist(source.tokens, target.tokens)
 
 
 def test_ibm_model_1_finds_each_words_translation(trained):
@@ -157,3 +155,21 @@ def test_the_ctranslate2_export_carries_the_shortlist_as_its_vocabulary_map(trai
         assert set(output) <= allowed
     assert cli("export", "-m", model, "--format", "transformers", "-o", tmp_path / "x", "--shortlist",
                tmp_path / "small.txt").exit_code == 2
+
+
+def test_a_row_that_is_not_ids_is_named_by_its_line(trained, tmp_path):
+    data, _ = trained
+    make(data, 2, 2).save(tmp_path / "s.txt")
+    lines = (tmp_path / "s.txt").read_text().split("\n")
+    (tmp_path / "s.txt").write_text("\n".join(lines[:4] + ["4 x"] + lines[5:]))
+    with pytest.raises(NmtError, match=f"^{tmp_path / 's.txt'}:5: more than 2 candidates, or an id outside"):
+        Shortlist.load(tmp_path / "s.txt")
+
+
+def test_the_server_names_the_pair_a_shortlist_is_for(trained, tmp_path):
+    data, model = trained
+    cli("shortlist", data, "-o", tmp_path / "s.txt")
+    for flags, message in (([tmp_path / "s.txt"], "this server translates 2 language pairs; name the pair"),
+                           ([f"x-y={tmp_path / 's.txt'}"], "no model for x-y is served")):
+        result = cli("serve", "-m", f"a-b={model}", "-m", f"c-d={model}", "--device", "cpu", "--shortlist", *flags)
+        assert result.exit_code == 1 and message in result.output, result.output
