@@ -13,7 +13,8 @@
 #      translated with int8 and the shortlist, timed, and scored
 # Settings: TEACHER (a checkpoint: required), TEACHER_DATA (its data directory: default
 # runs/quickstart/data), RAW (the raw corpus, RAW/{train,val,test_2016_flickr}.{en,de}: default
-# runs/quickstart/raw), WORK (default runs/distill), MINUTES (default 30), THREADS, NBEST,
+# runs/quickstart/raw), WORK (default runs/distill), MINUTES (default 30), THREADS, PRECISION (the
+# student's training: default bf16 where the hardware multiplies it, else fp32, as the quickstart), NBEST,
 # SPOT_CHECK (default 20), STUDENT_ARCH (default student), TRAIN_ARGS (more `nmt train` flags),
 # SHORTLIST_ARGS (default "--first 100 --best 10"), LENPEN (the test set's: default 1.5, the
 # quickstart's), SRC and TGT (default en, de).
@@ -27,6 +28,7 @@ WORK=${WORK:-runs/distill}
 MINUTES=${MINUTES:-30}
 THREADS=${THREADS:-$(nproc)}
 SPOT_CHECK=${SPOT_CHECK:-20}
+PRECISION=${PRECISION:-$(python3 -c "from nmt_cli.device import native_bf16; print('bf16' if native_bf16('auto') else 'fp32')")}
 SRC=${SRC:-en}
 TGT=${TGT:-de}
 mkdir -p "$WORK/distilled"
@@ -87,8 +89,8 @@ fi
 # 4. The student.
 SAVE_EVERY=$(python3 -c "print(max($MINUTES / 15, 0.1))")
 nmt train "$WORK/data" --save-dir "$WORK/ckpt" --config data/quickstart.yaml --arch "${STUDENT_ARCH:-student}" \
-  --max-time "$MINUTES" --save-interval-minutes "$SAVE_EVERY" --keep-last 5 --threads "$THREADS" --quiet \
-  ${TRAIN_ARGS:-}
+  --max-time "$MINUTES" --save-interval-minutes "$SAVE_EVERY" --keep-last 5 --threads "$THREADS" \
+  --precision "$PRECISION" --quiet ${TRAIN_ARGS:-}
 
 # 5. Averaged, shortlisted, quantized, evaluated.
 nmt average-checkpoints --dir "$WORK/ckpt" --last 5 -o "$WORK/student.pt"

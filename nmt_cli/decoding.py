@@ -10,7 +10,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from nmt_cli.kernels import append_position, search_step
+from nmt_cli.kernels import append_position
 from nmt_cli.model import KeyValueCache, Transformer
 
 
@@ -40,8 +40,7 @@ class DecoderState(Protocol):
 def step_output(model: Transformer, tokens: Tensor, state: DecoderState) -> Tensor:
     """The decoder's output (rows, d_model) for the next token of each row, given its last token
     (`tokens`), before the projection to the vocabulary; advances `state`."""
-    with search_step():
-        x = model.decode(tokens[:, None], state.memory_kv, state.src_mask, state.caches, state.position)
+    x = model.decode(tokens[:, None], state.memory_kv, state.src_mask, state.caches, state.position)
     state.advance()
     return x[:, 0]
 

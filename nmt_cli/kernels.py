@@ -18,9 +18,7 @@ the paper never needs this file, nor graphs.py (the search's decoder as CUDA gra
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 import torch
@@ -108,27 +106,16 @@ def append_position(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
 
 # On the CPU, attention over at most this many keys is written out rather than fused.
 WRITTEN_OUT_MAX_KEYS = 64
-_SEARCH_STEP = contextvars.ContextVar("search_step", default=False)
-
-
-@contextlib.contextmanager
-def search_step() -> Iterator[None]:
-    """Inside it, attention is a search step's (decoding.step_output): written out on every device."""
-    token = _SEARCH_STEP.set(True)
-    try:
-        yield
-    finally:
-        _SEARCH_STEP.reset(token)
 
 
 def written_out_attention(q: Tensor, k: Tensor) -> bool:
-    """Whether eq. 1 written out is faster than the fused kernel here: at a search step (a few
-    queries), and on the CPU for short sequences (sentences of up to 64 tokens), backward included
-    (tests/benchmarks/attention_speed.py). Never inside torch.compile, which fuses the kernel
-    itself (and cannot trace the ContextVar: a graph break at every attention)."""
+    """Whether eq. 1 written out is faster than the fused kernel here: for one query per row (a
+    search step) on every device, and on the CPU for short sequences (sentences of up to 64
+    tokens), backward included (tests/benchmarks/attention_speed.py). Never inside torch.compile,
+    which fuses the kernel itself."""
     if torch.compiler.is_compiling():
         return False
-    return _SEARCH_STEP.get() or (q.device.type == "cpu" and k.size(-2) <= WRITTEN_OUT_MAX_KEYS)
+    return q.size(-2) == 1 or (q.device.type == "cpu" and k.size(-2) <= WRITTEN_OUT_MAX_KEYS)
 
 
 class WrittenOutAttention(ScaledDotProductAttention):
