@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.constraints import Phrases
 from nmt_cli.ensemble import SearchInterrupted
 from nmt_cli.records import Translation
+from nmt_cli.run_config import ServeConfig
 from nmt_cli.translator import Translator
 
 DRAIN_MARGIN_SECONDS = 0.5  # of --drain-seconds, to answer before uvicorn ends the connections

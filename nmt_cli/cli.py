@@ -6,24 +6,22 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from nmt_cli.architecture import ModelConfig
 from nmt_cli.card import CardConfig
 from nmt_cli.command import Group
-from nmt_cli.config import PreprocessConfig, SearchConfig, ServeConfig, TextConfig, TrainConfig, TranslateConfig
+from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
 from nmt_cli.options import flag_name
 from nmt_cli.report import print_summary, print_table
+from nmt_cli.run_config import RunConfig, ServeConfig, TranslateConfig
 from nmt_cli.version import __version__
 
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")  # CT2's
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -201,6 +199,7 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
               help="A lexical shortlist of `nmt shortlist`: each batch outputs only its sources' candidates and the "
                    "frequent target tokens (faster on a CPU).")
 @config_options(SearchConfig)
+@config_options(RunConfig)
 @config_options(TranslateConfig)
 def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Path | None, shortlist: Path | None,
               **options: Any) -> None:
@@ -218,7 +217,7 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
     atexit.register(gc.freeze)
 
     search = build(SearchConfig, **fields_of(SearchConfig, options))
-    config = build(TranslateConfig, search=search, **options)
+    config = build(TranslateConfig, run=build(RunConfig, search=search, **fields_of(RunConfig, options)), **options)
     searching = sorted(given_flags() & set(SearchConfig.__dataclass_fields__) - {"lenpen", "lenpen_form"})
     if config.score_reference and searching:
         raise click.UsageError(f"{flag_name(SearchConfig.__dataclass_fields__[searching[0]])} applies only to "

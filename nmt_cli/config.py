@@ -1,5 +1,6 @@
-"""Every option of nmt-cli as a frozen dataclass: training, the text pipeline, preprocessing,
-search, translation and serving (the model's architecture is architecture.py's).
+"""Every option of nmt-cli as a frozen dataclass: training, the text pipeline, preprocessing and
+search here, how a trained model runs in run_config.py (the model's architecture is
+architecture.py's).
 
 The fields (options.knob: default, range, help) generate the command-line flags (flags.py), so
 an option has one name, one default and one check everywhere: the field `d_ff` is the flag
@@ -31,28 +32,28 @@ SEED_MAX = 2**63 - 1
 BEAM_MAX = 1024
 
 
-def _device_knob() -> Any:
+def device_knob() -> Any:
     return knob("auto", "auto, cpu, cuda, cuda:N or mps (Apple GPU); auto: CUDA when available.", pattern=DEVICE)
 
 
-def _precision_knob() -> Any:
+def precision_knob() -> Any:
     return knob("auto", "auto: bf16 on a CUDA GPU that supports it, else fp32. bf16 runs on a CPU too, fast "
                 "where it has AVX512-BF16 or AMX; fp16 needs CUDA.", choices=PRECISIONS)
 
 
-def _threads_knob() -> Any:
+def threads_knob() -> Any:
     return knob(None, "CPU threads for PyTorch [default: PyTorch's].", min=1, max=1024)
 
 
 _SAMPLING = (lambda c: c.sampling, "with --sampling")
-_SEARCHING = (lambda c: not c.sampling, "to beam search, not with --sampling (--nbest N: N samples)")
+SEARCHING = (lambda c: not c.sampling, "to beam search, not with --sampling (--nbest N: N samples)")
 
 
 @dataclass(frozen=True)
 class SearchConfig(Options):
     """Beam search (search.py, sampling.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
 
-    beam: int = knob(4, "Beam size (1: greedy).", min=1, max=BEAM_MAX, only_if=_SEARCHING)
+    beam: int = knob(4, "Beam size (1: greedy).", min=1, max=BEAM_MAX, only_if=SEARCHING)
     lenpen: float = knob(0.6, "Length penalty alpha: score / ((5 + |Y|) / 6)^alpha (see --lenpen-form).", min=0.0,
                          max=10.0)
     lenpen_form: str = knob("gnmt", "How --lenpen divides a hypothesis' log-probability: gnmt by ((5 + |Y|) / 6)^alpha "
@@ -61,7 +62,7 @@ class SearchConfig(Options):
     stopping: str = knob("early", "early: a sentence is done once --beam hypotheses have finished; heuristic: it then "
                          "goes on while its best live hypothesis, scored at its present length, beats the worst of "
                          "the --beam best finished ones (transformers' default; the imported models' own).",
-                         choices=STOPPING, only_if=_SEARCHING)
+                         choices=STOPPING, only_if=SEARCHING)
     max_len_a: float = knob(1.0, "Max output length = a * input length + b (within the model's positions).",
                              min=0.0)
     max_len_b: int = knob(50, "See --max-len-a.", min=0)
@@ -144,8 +145,8 @@ class TrainConfig(Options):
                              "0.9999; 0: off): validated, and saved as checkpoint_ema.pt.", min=0.0, max=1.0,
                              exclusive_max=True)
     seed: int = knob(1, "Seed of initialization, dropout and batch order.", min=0, max=SEED_MAX)
-    precision: str = _precision_knob()
-    device: str = _device_knob()
+    precision: str = precision_knob()
+    device: str = device_knob()
     compile: bool = knob(False, "torch.compile the model and its loss (forward and backward).")
     compile_mode: str = knob("default", "torch.compile's mode; reduce-overhead also replays each compiled graph as "
                              "a CUDA graph (one per batch shape: use it with --length-buckets).",
@@ -154,7 +155,7 @@ class TrainConfig(Options):
     length_buckets: int = knob(0, "Pad every batch, both sides, to one of at most N lengths chosen for the "
                                "least padding: at most 2N batch shapes, so --compile compiles each once "
                                "(0: each batch padded to its own longest side).", min=0, max=256)
-    threads: int | None = _threads_knob()
+    threads: int | None = threads_knob()
     dist_timeout: float = knob(300.0, "Under torchrun: a process silent this many seconds ends the run.", min=1.0)
 
     def __post_init__(self) -> None:
@@ -238,7 +239,7 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-_EXISTING_FILE = {"exists": True, "dir_okay": False}
+EXISTING_FILE = {"exists": True, "dir_okay": False}
 
 
 _BPE = (lambda c: not c.text.sentencepiece, "to --subword bpe")
@@ -258,14 +259,14 @@ class PreprocessConfig(Options):
     validpref: str | None = knob(None, "Validation files prefix (never filtered).")
     testprefs: tuple[str, ...] = knob((), "Test files prefix (repeatable; never filtered).", flags=("--testpref",))
     bpe_merges: int = knob(32000, "Joint BPE merge operations to learn (0: no BPE).", min=0, only_if=_BPE)
-    bpe_codes: Path | None = knob(None, "Apply these BPE codes instead of learning them.", path=_EXISTING_FILE,
+    bpe_codes: Path | None = knob(None, "Apply these BPE codes instead of learning them.", path=EXISTING_FILE,
                                    only_if=_BPE)
     sentencepiece_type: str = knob("unigram", "With --subword sentencepiece: the model type (with --vocab-size "
                                     "pieces).", choices=("unigram", "bpe"), only_if=_LEARNED_PIECES)
     sentencepiece_model: Path | None = knob(None, "With --subword sentencepiece: use this model instead of "
-                                             "training one.", path=_EXISTING_FILE, only_if=_PIECES)
+                                             "training one.", path=EXISTING_FILE, only_if=_PIECES)
     target_sentencepiece_model: Path | None = knob(None, "With --sentencepiece-model: the target side's own "
-                                                    "model (as released Marian models have).", path=_EXISTING_FILE,
+                                                    "model (as released Marian models have).", path=EXISTING_FILE,
                                                     only_if=(lambda c: c.sentencepiece_model is not None,
                                                              "with --sentencepiece-model"))
     sentencepiece_samples: int = knob(0, "With --subword sentencepiece: also write N segmentations of the training "
@@ -276,8 +277,8 @@ class PreprocessConfig(Options):
                                            lambda c: c.sentencepiece_samples > 0, "with --sentencepiece-samples"))
     joined_dictionary: bool = knob(True, "One vocabulary for both sides (3-way tying) or one per side.",
                                     negation="--separate-dictionaries", only_if=_BUILT_VOCABULARY)
-    srcdict: Path | None = knob(None, "Use this source (or joint) vocabulary.", path=_EXISTING_FILE)
-    tgtdict: Path | None = knob(None, "Use this target vocabulary.", path=_EXISTING_FILE)
+    srcdict: Path | None = knob(None, "Use this source (or joint) vocabulary.", path=EXISTING_FILE)
+    tgtdict: Path | None = knob(None, "Use this target vocabulary.", path=EXISTING_FILE)
     vocab_min_count: int = knob(1, "Leave out subwords seen fewer times in training.", min=1,
                                  only_if=_BUILT_VOCABULARY)
     vocab_size: int | None = knob(None, "At most this many entries (with --subword sentencepiece: the pieces of "
@@ -296,104 +297,3 @@ class PreprocessConfig(Options):
         "max": 1024})
     force: bool = knob(False, "Replace an earlier output of `nmt preprocess` in --destdir.")
     progress: bool = True  # progress bars on a terminal (--quiet turns them off)
-
-
-
-_PLOT = (lambda c: c.attention_plot is not None, "with --attention-plot")
-
-
-@dataclass(frozen=True)
-class TranslateConfig(Options):
-    """`nmt translate` (translate.py): batching, input and output formats, attention, hardware."""
-
-    search: SearchConfig = SearchConfig()
-    max_tokens: int = knob(8000, "Source tokens per batch.", min=1)
-    batch_size: int | None = knob(None, "Sentences per batch at most.", min=1)
-    input_format: str = knob("raw", "raw: tokenize and apply BPE; bpe: the input is already BPE tokens.",
-                              choices=("raw", "bpe"))
-    output_format: str = knob("text", "text: detokenized; tokens: BPE removed; bpe: as produced.",
-                               choices=("text", "tokens", "bpe"))
-    format: str = knob("text", "jsonl: one JSON object per line with scores and n-best.", choices=("text", "jsonl"))
-    prefix: bool = knob(False, "Input lines are SOURCE<TAB>TARGET-PREFIX: each translation starts with its "
-                         "prefix (interactive post-editing; a line without a tab has none).")
-    constraints: bool = knob(False, "Input lines are SOURCE<TAB>PHRASE<TAB>PHRASE...: each translation holds "
-                             "every phrase, in any order (terminology; --beam 4 or more places them best).",
-                             only_if=(lambda c: not (c.prefix or c.search.sampling),
-                                      "without --prefix and --sampling"))
-    avoid: tuple[str, ...] = knob((), "A phrase that no translation may hold (repeatable).",
-                                  only_if=(lambda c: not c.search.sampling, "without --sampling"))
-    score_reference: bool = knob(False, "Input lines are SOURCE<TAB>TARGET: print the log-probability of each "
-                                 "target under the model instead of a translation (--format jsonl: also its score "
-                                 "and each token's), to filter a corpus or rerank.", only_if=(
-                                     lambda c: not (c.prefix or c.search.sampling or c.attention or c.constraints
-                                                    or c.avoid or c.attention_plot is not None),
-                                     "without --prefix, --sampling, constraints and attention"))
-    attention: bool = knob(False, "With --format jsonl: add the encoder-decoder attention (heads averaged) "
-                            "for alignment.", only_if=(lambda c: c.format == "jsonl", "with --format jsonl"))
-    attention_layer: int | None = knob(None, "Decoder layer for --attention [default: the last].", min=1,
-                                        only_if=(lambda c: c.attention, "with --attention"))
-    attention_plot: Path | None = knob(None, "Write PNG heat maps of every attention per sentence here "
-                                        "(needs matplotlib).", path={"file_okay": False})
-    plot_layers: tuple[int, ...] = knob((), "Layers to plot (repeatable) [all].", min=1, flags=("--layers",),
-                                         only_if=_PLOT)
-    plot_heads: tuple[int, ...] = knob((), "Heads to plot (repeatable) [all].", min=1, flags=("--heads",),
-                                        only_if=_PLOT)
-    quantize: str | None = knob(None, "CPU: run the linear layers as dynamic int8 matmuls (tests/benchmarks/"
-                                 "PERFORMANCE.md: speed and BLEU); --device auto then means the CPU.",
-                                 choices=("int8",))
-    cuda_graphs: bool = knob(False, "GPU: replay beam search's decoder steps as CUDA graphs (batches padded to "
-                              "fixed shapes).", only_if=(lambda c: not c.search.sampling, _SEARCHING[1]))
-    device: str = _device_knob()
-    precision: str = _precision_knob()
-    threads: int | None = _threads_knob()
-
-    @property
-    def run_on(self) -> str:
-        """--device, where auto means the CPU under --quantize (int8 matmuls are a CPU kernel)."""
-        return "cpu" if self.quantize and self.device == "auto" else self.device
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.search.nbest > 1 and self.format == "text":
-            raise ValueError(f"--nbest {self.search.nbest} needs --format jsonl: text output has one line per "
-                             "input line (the best translation)")
-
-
-@dataclass(frozen=True)
-class ServeConfig(Options):
-    """`nmt serve` (serve.py): where to listen, what a request may hold, how requests are batched."""
-
-    host: str = knob("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
-    port: int = knob(8080, "Port to listen on.", min=1, max=65535)
-    max_sentences: int = knob(1000, "Most sentences in one request.", min=1)
-    max_chars: int = knob(10000, "Most characters in one sentence.", min=1)
-    max_beam: int = knob(16, "Largest beam (and n-best) a request may ask for.", min=1, max=BEAM_MAX)
-    max_hypotheses: int = knob(8192, "Most sentences x beam in one request.", min=1)
-    max_output_tokens: int = knob(256, "Most output tokens of a sentence: every search stops there, and a request "
-                                   "may not ask for a larger max_len_b.", min=1)
-    max_source_tokens: int = knob(50000, "Most source tokens (after subword segmentation) in one request.", min=1)
-    max_connections: int = knob(512, "Most connections open at once (kept below the open-file limit); the next "
-                                "are answered 503.", min=1)
-    read_timeout: float = knob(10.0, "Seconds a client has to send a whole request, from connecting or from its last "
-                               "answer; then its connection is closed (408 if a request had begun).", min=0.0,
-                               exclusive_min=True, max=3600.0)
-    cors_origin: tuple[str, ...] = knob((), "Let the pages of this origin (https://example.com; *: any) call the "
-                                        "server from a browser (repeatable).")
-    api_keys: Path | None = knob(None, "A file of API keys, one per line (read again on SIGHUP): requests other than "
-                                 "/, /health, /languages and the API's description then need `Authorization: "
-                                 "Bearer KEY` (or LibreTranslate's api_key).", path=_EXISTING_FILE)
-    rate_limit: int | None = knob(None, "Requests a minute per API key (without keys: per client address); the next "
-                                  "are answered 429 with Retry-After.", min=1)
-    access_log: bool = knob(False, "Log a line per request: client, method, path, status, milliseconds.")
-    batch_window_ms: float = knob(5.0, "How long a request waits for others to be translated with it.", min=0.0,
-                                   max=10000.0)
-    max_tokens: int = knob(2048, "Source tokens per search (padding included): a request with more is cut into "
-                                 "several, and waiting requests take turns, so none waits for more than about "
-                                 "one search.", min=1)
-    shortlist: tuple[str, ...] = knob((), "[SRC-TGT=]FILE: a lexical shortlist of `nmt shortlist` for the model of "
-                                      "a pair (of the one pair served, without SRC-TGT=); repeatable.")
-    drain_seconds: int = knob(30, "On SIGTERM, how long the requests in flight may take to finish; those that "
-                               "cannot are answered 503.", min=0, max=3600)
-    device: str = _device_knob()
-    precision: str = _precision_knob()
-    threads: int | None = _threads_knob()

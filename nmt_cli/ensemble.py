@@ -39,13 +39,11 @@ def averaged(log_probs: list[Tensor]) -> Tensor:
 class OutputLayer:
     """One search's projection of each model's decoder output to the next token's log-probabilities
     (averaged in log space over an ensemble): over the whole vocabulary, or with a shortlist over
-    its `columns` alone; and the search's `controls` there. The search picks among those columns:
-    its tokens (and the controls' and constraints') go in as positions among them (`positions`)
-    and come out as ids (`ids`)."""
+    its `columns` alone. Then the search picks among those columns: its tokens (and the controls'
+    and constraints') go in as positions among them (`positions`) and come out as ids (`ids`)."""
 
     projections: list[Callable[[Tensor], Tensor]]
     width: int  # the columns a row has: the vocabulary's size, or the shortlist's
-    controls: OutputControls
     columns: Tensor | None = None
     inverse: Tensor | None = None  # each vocabulary id's position among the columns (-1: none)
 
@@ -63,6 +61,13 @@ class OutputLayer:
     def ids(self, positions: Tensor) -> Tensor:
         """Positions among the columns as token ids."""
         return positions if self.columns is None else self.columns[positions]
+
+    def controls(self, controls: OutputControls) -> OutputControls:
+        """`controls` for positions among the columns (a banned token outside them needs no ban)."""
+        if self.inverse is None:
+            return controls
+        banned = self.positions(controls.banned)
+        return dataclasses.replace(controls, banned=banned[banned >= 0], eos=int(self.inverse[EOS_ID]))
 
 
 class Ensemble:
@@ -90,18 +95,14 @@ class Ensemble:
         for graphs in self.graphs or []:
             graphs.decoders.clear()
 
-    def output_layer(self, controls: OutputControls, columns: Tensor | None = None) -> OutputLayer:
-        """The output layer of a search under `controls`: to the whole vocabulary, or to a
-        shortlist's `columns` (sorted token ids, EOS among them; a banned token outside them
-        needs no ban)."""
+    def output_layer(self, columns: Tensor | None = None) -> OutputLayer:
+        """The output layer of a search: to the whole vocabulary, or to a shortlist's `columns`
+        (sorted token ids, EOS among them)."""
         if columns is None:
-            return OutputLayer(self.projections, self.vocab_size, controls)
+            return OutputLayer(self.projections, self.vocab_size)
         inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=columns.device)
         inverse[columns] = torch.arange(len(columns), device=columns.device)
-        banned = inverse[controls.banned]
-        controls = dataclasses.replace(controls, banned=banned[banned >= 0], eos=int(inverse[EOS_ID]))
-        return OutputLayer([search_projection(m, columns) for m in self.models], len(columns), controls, columns,
-                           inverse)
+        return OutputLayer([search_projection(m, columns) for m in self.models], len(columns), columns, inverse)
 
     def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState]:
         """Encode `src` for a search of `beam` rows per sentence and up to `length` positions."""
@@ -109,12 +110,13 @@ class Ensemble:
             return [graphs.start(src, beam, length) for graphs in self.graphs]
         return [decoding.start(model, src) for model in self.models]
 
-    def top_tokens(self, history: Tensor, states: list[DecoderState], k: int, layers: Sequence[tuple[int, OutputLayer]],
-                   forced: Tensor | None, rules: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    def top_tokens(self, history: Tensor, states: list[DecoderState], k: int, controls: OutputControls,
+                   forced: Tensor | None, rules: tuple[Tensor, Tensor] | None = None,
+                   layer: OutputLayer | None = None) -> tuple[Tensor, Tensor]:
         """Log-probabilities and ids (rows, k), best first, of the k most probable next tokens of
-        each row, given its tokens so far (`history`, BOS first), through the output `layers`
-        (consecutive runs of rows, each with its layer: `(rows, layer)`) under their controls; a
-        row whose `forced` entry is a token id (not -1) can take only that token, at its own
+        each row, given its tokens so far (`history`, BOS first), under the `controls` and through
+        the output `layer` (default: the whole vocabulary's; the `controls` are its own); a row
+        whose `forced` entry is a token id (not -1) can take only that token, at its own
         log-probability (EOS at the maximum length, a prefix). With `rules` (`Terms.rules`: each
         row's banned tokens and wanted ones, -1 for none), the wanted tokens follow the k (rows, k
         + wanted), at -inf where banned, repeated or none.
@@ -123,39 +125,32 @@ class Ensemble:
         log-probabilities, so that on the CPU the (rows, vocab) matrix never exists whole: memory
         stays small with large vocabularies, and each block is still in cache when it is read again.
         """
-        outputs = [state.step(history[:, -1]) for state in states]
-        values, indices, start = [], [], 0
-        for rows, layer in layers:
-            block = max(1, block_floats(history.device) // layer.width)
-            for begin in range(start, start + rows, block):
-                part = slice(begin, min(begin + block, start + rows))
-                top_values, top_indices = _top_of_block(
-                    layer, [out[part] for out in outputs], history[part], k, None if forced is None else forced[part],
-                    None if rules is None else (rules[0][part], rules[1][part]))
-                values.append(top_values)
-                indices.append(top_indices)
-            start += rows
+        layer = layer or self.output_layer()
+        tokens, output = history[:, -1], layer.positions(history[:, 1:])
+        outputs = [state.step(tokens) for state in states]
+        forced = None if forced is None else layer.positions(forced)
+        rules = None if rules is None else (layer.positions(rules[0]), layer.positions(rules[1]))
+        rows = tokens.size(0)
+        block = max(1, block_floats(tokens.device) // layer.width)
+        values, indices = [], []
+        for start in range(0, rows, block):
+            part = slice(start, start + block)
+            lp = layer.log_probs([out[part] for out in outputs])
+            column = None if forced is None else forced[part].clamp(min=0).unsqueeze(1)
+            own = None if column is None else lp.gather(1, column)  # a forced token keeps its log-probability
+            controls.apply(lp, output[part], output.size(1))
+            if rules is not None:
+                _ban(lp, rules[0][part])
+            if column is not None:
+                _force(lp, forced[part], column, own)
+            top_values, top_indices = top_k(lp, k)
+            if rules is not None:
+                top_values, top_indices = _with_wanted(lp, top_values, top_indices, rules[1][part])
+            values.append(top_values)
+            indices.append(top_indices)
         if len(values) == 1:  # one block, as on a GPU: no copy
-            return values[0], indices[0]
-        return torch.cat(values), torch.cat(indices)
-
-
-def _top_of_block(layer: OutputLayer, outputs: list[Tensor], history: Tensor, k: int, forced: Tensor | None,
-                  rules: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-    """`Ensemble.top_tokens` of a block of rows through one output `layer`."""
-    lp = layer.log_probs(outputs)
-    forced = None if forced is None else layer.positions(forced)
-    column = None if forced is None else forced.clamp(min=0).unsqueeze(1)
-    own = None if column is None else lp.gather(1, column)  # a forced token keeps its log-probability
-    layer.controls.apply(lp, layer.positions(history[:, 1:]), history.size(1) - 1)
-    if rules is not None:
-        _ban(lp, layer.positions(rules[0]))
-    if column is not None:
-        _force(lp, forced, column, own)
-    values, indices = top_k(lp, k)
-    if rules is not None:
-        values, indices = _with_wanted(lp, values, indices, layer.positions(rules[1]))
-    return values, layer.ids(indices)
+            return values[0], layer.ids(indices[0])
+        return torch.cat(values), layer.ids(torch.cat(indices))
 
 
 def _ban(lp: Tensor, banned: Tensor) -> None:

@@ -28,10 +28,6 @@ from nmt_cli.search import Hypothesis, beam_search
 from nmt_cli.shortlist import Shortlist
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
-# With a shortlist, on the CPU, each group of this many consecutive sentences of a batch projects
-# to its own candidates (fewer columns than the batch's), on a GPU the batch to theirs (one
-# projection a step): tests/benchmarks/shortlist_speed.py --group.
-SHORTLIST_GROUP = 64
 
 class Generator:
     """`models` (moved to `device` in `dtype`, int8 with `quantize`) searching batches of at most
@@ -131,13 +127,12 @@ class Generator:
         if prefixes is not None and any(prefixes[i] for i in batch):
             forced = self._padded([prefixes[i] for i in batch], value=-1)
         columns = None
-        if self.shortlist is not None:  # the candidates of a group of sentences, their prefixes' and phrases' tokens
-            extras = [itertools.chain(prefixes[i] if prefixes is not None else [],
-                                      *(terms[0][i] if terms is not None else [])) for i in batch]
-            size = None if config.sampling or self.device.type != "cpu" else SHORTLIST_GROUP
-            columns = self.shortlist.grouped([sources[i] for i in batch], extras, size, self.device)
+        if self.shortlist is not None:  # the batch's candidates, its prefixes' and phrases' tokens
+            wanted = [prefixes[i] for i in batch] if prefixes is not None else []
+            wanted += [ids for i in batch for ids in terms[0][i]] if terms is not None else []
+            columns = self.shortlist.columns([sources[i] for i in batch], itertools.chain(*wanted), self.device)
         if config.sampling:
-            return sample(self.models, src, config, rng, forced, None if columns is None else columns.groups[0])
+            return sample(self.models, src, config, rng, forced, columns)
         held = None
         if terms is not None and any(terms[0][i] or terms[1][i] for i in batch):
             held = Terms([terms[0][i] for i in batch], [terms[1][i] for i in batch], self.device, self.joining)

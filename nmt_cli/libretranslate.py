@@ -9,8 +9,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from nmt_cli.config import ServeConfig
 from nmt_cli.records import Translation
+from nmt_cli.run_config import ServeConfig
 from nmt_cli.schemas import BadRequest, check_lines
 
 FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")

@@ -31,8 +31,9 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     batch, n, device = src.size(0), config.nbest, src.device
     limits = output_limits(src, prefixes, config, models.max_positions)
     soonest_limit, states = int(limits.min()), models.start(src)
-    layer = models.output_layer(OutputControls.of(config, models.never, device), columns)
-    k, read_every = min(config.sampling_topk or layer.width, layer.width), steps_between_reads(device)
+    layer = models.output_layer(columns)
+    k = min(config.sampling_topk or layer.width, layer.width)
+    controls, read_every = layer.controls(OutputControls.of(config, models.never, device)), steps_between_reads(device)
     history = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(batch * n, device=device)
     length = torch.zeros(batch * n, dtype=torch.long, device=device)
@@ -40,8 +41,8 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     for step in range(int(limits.max()) + 1):
         models.check_deadline()
         width = 1 if step == 0 else n  # the first step draws a sentence's n samples from its one row
-        lp, ids = models.top_tokens(history, states, k, [(history.size(0), layer)],
-                                    forced_tokens(step, limits, soonest_limit, prefixes, width))
+        lp, ids = models.top_tokens(history, states, k, controls,
+                                    forced_tokens(step, limits, soonest_limit, prefixes, width), layer=layer)
         choice = _draw(lp, config, generator, n if step == 0 else 1).view(batch * n, 1)
         if step == 0:
             origin = torch.arange(batch, device=device).repeat_interleave(n)

@@ -13,8 +13,9 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.options import check_applies
+from nmt_cli.run_config import ServeConfig
 
 # SearchConfig's fields that a request may set (the others are the server's: max_len, or not yet served).
 REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b", "allow_unk",

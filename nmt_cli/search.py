@@ -20,7 +20,6 @@ its `beam` best finished hypotheses. With beam 1 this is greedy decoding.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -33,7 +32,6 @@ from nmt_cli.controls import OutputControls
 from nmt_cli.decoding import DecoderState
 from nmt_cli.ensemble import Ensemble, OutputLayer
 from nmt_cli.kernels import steps_between_reads
-from nmt_cli.shortlist import Columns
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -170,7 +168,6 @@ class Beams:
     done: Tensor  # (sentences,): done at a step since the last read
     prefixes: Tensor | None
     host_limits: list[int]  # `limits` of the sentences on the host
-    host_sentences: list[int]  # `sentences` on the host
     soonest_limit: int = field(init=False)  # the smallest of host_limits
 
     def __post_init__(self) -> None:
@@ -185,26 +182,22 @@ class Beams:
         self.history = self.history.view(n, beam, -1)[index].view(len(rows) * beam, -1)
         self.prefixes = self.prefixes[index] if self.prefixes is not None else None
         self.host_limits = [self.host_limits[r] for r in rows]
-        self.host_sentences = [self.host_sentences[r] for r in rows]
         self.soonest_limit = min(self.host_limits)
         return index, origin.view(n, beam)[index].view(-1)
 
 
 def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams, step: int, beam: int,
-                     k: int, terms: Terms | None, layers: list[OutputLayer],
-                     group_of: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     k: int, controls: OutputControls, terms: Terms | None,
+                     layer: OutputLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Each sentence's 2 * beam best one-token continuations, best first (with `terms`, in the
-    order of dynamic beam allocation), through the output layer of its group (`group_of` a
-    sentence's index in `layers`): their log-probabilities, rows (of the sentence), tokens and
+    order of dynamic beam allocation): their log-probabilities, rows (of the sentence), tokens and
     indices among the candidates."""
     n, width = beams.scores.shape
-    runs = [(width * len(list(run)), layers[group])
-            for group, run in itertools.groupby(group_of[s] for s in beams.host_sentences)]
     forced = forced_tokens(step, beams.limits, beams.soonest_limit, beams.prefixes, width)
     # The best of a sentence's width * vocab candidates are among the k best tokens of each of its
     # rows: add the row scores to those only (not to every vocabulary entry).
     rules = terms.rules(beams.history, beams.sentences) if terms is not None else None
-    token_lprobs, tokens = models.top_tokens(beams.history, states, k, runs, forced, rules)
+    token_lprobs, tokens = models.top_tokens(beams.history, states, k, controls, forced, rules, layer)
     per_row = token_lprobs.size(1)
     candidates = (beams.scores.unsqueeze(2) + token_lprobs.view(n, width, per_row)).view(n, -1)
     count = min(2 * beam, width * per_row)
@@ -218,10 +211,10 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
 
 @torch.inference_mode()
 def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: Tensor | None = None,
-                terms: Terms | None = None, columns: Columns | None = None) -> list[list[Hypothesis]]:
+                terms: Terms | None = None, columns: Tensor | None = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses for each row of `src` (batch, src_len), best first; each
     starts with its row of `prefixes` (target ids, -1 after the end) when given, holds its
-    sentence's `terms` (constraints.py), and has only tokens of its shortlist `columns` when given.
+    sentence's `terms` (constraints.py), and has only tokens of a shortlist's `columns` when given.
 
     Every step's bookkeeping stays on the device; the host reads which sentences are done only
     every `kernels.steps_between_reads` steps, and then drops them from the batch (a sentence
@@ -232,11 +225,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     # The first step has one row per sentence (all its beams would be the same BOS prefix); the
     # sentence's `beam` rows come from its best continuations. Not when the vocabulary cannot
     # fill a beam from one row, nor with graphs (whose rows are fixed).
-    controls = OutputControls.of(config, models.never, device)
-    layers = [models.output_layer(controls, group) for group in columns.groups] if columns is not None \
-        else [models.output_layer(controls)]
-    group_of = columns.group_of if columns is not None else [0] * batch
-    k = min(2 * beam, *(layer.width for layer in layers))
+    layer = models.output_layer(columns)
+    k = min(2 * beam, layer.width)
     width = 1 if k >= beam and models.graphs is None else beam
     scores = torch.zeros(batch, width, device=device)
     scores[:, 1:] = -math.inf  # identical beams: expand the first only
@@ -245,11 +235,10 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     penalty = functools.partial(length_penalty, alpha=config.lenpen, form=config.lenpen_form)
     bound = torch.tensor([penalty(n + 1) for n in limit], dtype=torch.float64, device=device)
     beams = Beams(scores, torch.full((batch * width, 1), BOS_ID, device=device), torch.arange(batch, device=device),
-                  limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit,
-                  list(range(batch)))
+                  limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
     states = models.start(src, beam, max(limit) + 1)  # one encoder row per sentence, shared by its decoder rows
     finished = Finished(batch, beam, max(limit) + 1, device)
-    read_every = steps_between_reads(device)
+    controls, read_every = layer.controls(OutputControls.of(config, models.never, device)), steps_between_reads(device)
     allocating = terms is not None and terms.allocates  # the beam shared among banks (constraints.py)
     if allocating:
         terms.start(batch, width)
@@ -257,8 +246,8 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     for step in range(max(limit) + 1):
         models.check_deadline()
         n, width = beams.scores.shape
-        top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, terms, layers,
-                                                                     group_of)
+        top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, controls, terms,
+                                                                     layer)
         is_eos = top_token == EOS_ID
         # Finished: EOS among the top `beam` candidates, of a sentence not done before.
         is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)

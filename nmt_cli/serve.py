@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from nmt_cli.access import Keys, RateLimit, bearer, is_open
 from nmt_cli.batcher import IDLE_WAIT_SECONDS, Batcher, RequestTooLarge, ShuttingDown
-from nmt_cli.config import ServeConfig, TranslateConfig
 from nmt_cli.device import select, tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
 from nmt_cli.libretranslate import is_libretranslate, parse_libretranslate
 from nmt_cli.pairs import NoSuchPair, Pair, choose, languages, load_pairs, load_shortlists
+from nmt_cli.run_config import RunConfig, ServeConfig
 from nmt_cli.schemas import BadRequest, options, parse, read_body, search_config
 from nmt_cli.translator import Translator, model_search
 from nmt_cli.version import __version__
@@ -240,8 +240,8 @@ def serve(models: list[str], config: ServeConfig) -> None:
     connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
     pairs = load_pairs(models)
     shortlists = load_shortlists(config.shortlist, pairs)
-    translators = {pair: Translator(bundles, TranslateConfig(max_tokens=config.max_tokens,
-                                                             search=model_search(bundles[0], {})), device, dtype,
+    translators = {pair: Translator(bundles, RunConfig(max_tokens=config.max_tokens,
+                                                       search=model_search(bundles[0], {})), device, dtype,
                                     shortlist=shortlists.get(pair))
                    for pair, bundles in pairs.items()}
     metrics = Metrics(waiting=lambda: batcher.waiting_requests())

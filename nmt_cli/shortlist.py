@@ -14,7 +14,6 @@ line per source token id: its candidates' ids."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -37,15 +36,6 @@ def vocabulary_digest(tokens: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Columns:
-    """The target ids each sentence of a batch may output: its group's (sorted ids), a group being
-    consecutive sentences of the batch."""
-
-    groups: list[torch.Tensor]
-    group_of: list[int]  # each sentence's group
-
-
-@dataclass(frozen=True)
 class Shortlist:
     """`candidates` (source vocabulary, K): each source token's target ids, best first, -1 where
     it has fewer; `frequent`: the N most frequent target ids."""
@@ -65,15 +55,6 @@ class Shortlist:
         wanted = np.concatenate([chosen[chosen >= 0], self.frequent, [PAD_ID, BOS_ID, EOS_ID, UNK_ID],
                                  np.fromiter(extra, dtype=np.int64)])
         return torch.from_numpy(np.unique(wanted.astype(np.int64))).to(device)
-
-    def grouped(self, sources: Sequence[Sequence[int]], extras: Sequence[Iterable[int]], size: int | None,
-                device: torch.device | None = None) -> Columns:
-        """The `columns` of a batch of `sources` (each with its `extras`) in groups of `size`
-        consecutive sentences (None: one group): a smaller group projects to fewer columns."""
-        size = size or max(1, len(sources))
-        groups = [self.columns(sources[i:i + size], itertools.chain(*extras[i:i + size]), device)
-                  for i in range(0, len(sources), size)]
-        return Columns(groups, [i // size for i in range(len(sources))])
 
     def check(self, source_tokens: Sequence[str], target_tokens: Sequence[str], name: str) -> None:
         """Refuse a shortlist made for other vocabularies than a model's."""

@@ -20,27 +20,28 @@ from pathlib import Path
 from typing import IO
 
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.config import TranslateConfig
 from nmt_cli.device import select as select_device
 from nmt_cli.device import tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks, line_count
 from nmt_cli.records import attention_record, score_record, translations_record
+from nmt_cli.run_config import TranslateConfig
 from nmt_cli.translator import CHUNK_LINES, Translator, load_shortlist, model_search
 
 
-def translate_lines(translator: Translator, lines: list[str], first_number: int = 1) -> list[str]:
-    """The output lines of `lines` (text or JSON), numbered from `first_number` in warnings and
-    records; with --prefix a line is SOURCE<TAB>PREFIX, with --constraints SOURCE<TAB>PHRASE..."""
-    config = translator.config
+def translate_lines(translator: Translator, lines: list[str], first_number: int = 1,
+                    config: TranslateConfig = TranslateConfig()) -> list[str]:
+    """The output lines of `lines` as `config` says (text or JSON), numbered from `first_number`
+    in warnings and records; with --prefix a line is SOURCE<TAB>PREFIX, with --constraints
+    SOURCE<TAB>PHRASE..."""
     if config.score_reference:
-        return score_lines(translator, lines, first_number)
+        return score_lines(translator, lines, first_number, config.format)
     pairs = [line.partition("\t")[::2] if config.prefix or config.constraints else (line, "") for line in lines]
     prefixes = [prefix for _, prefix in pairs] if config.prefix else None
     constraints = [rest.split("\t") if rest else [] for _, rest in pairs] if config.constraints else None
-    sources, found = translator.search([source for source, _ in pairs], config.search, prefixes, first_number,
-                                       constraints=constraints, avoid=[list(config.avoid)] * len(lines))
+    sources, found = translator.search([source for source, _ in pairs], translator.config.search, prefixes,
+                                       first_number, constraints=constraints, avoid=[list(config.avoid)] * len(lines))
     outputs = []
     for k, hyps in enumerate(found):
         number = first_number + k
@@ -63,22 +64,23 @@ def translate_lines(translator: Translator, lines: list[str], first_number: int 
     return outputs
 
 
-def score_lines(translator: Translator, lines: list[str], first_number: int) -> list[str]:
-    """--score-reference: each SOURCE<TAB>TARGET line's target log-probability (text), or its record."""
+def score_lines(translator: Translator, lines: list[str], first_number: int, form: str) -> list[str]:
+    """--score-reference: each SOURCE<TAB>TARGET line's target log-probability (`form` text), or
+    its record (jsonl)."""
     for k, line in enumerate(lines):
         if "\t" not in line:
             raise NmtError(f"line {first_number + k}: --score-reference reads SOURCE<TAB>TARGET lines, and this "
                            "one has no tab")
     sources, targets = zip(*(line.split("\t", 1) for line in lines)) if lines else ((), ())
     scored = translator.score(list(sources), list(targets), first_number)
-    if translator.config.format == "text":
+    if form == "text":
         return [f"{s.log_prob:.6f}" for s in scored]
     return [json.dumps(score_record(first_number + k, s), ensure_ascii=False) for k, s in enumerate(scored)]
 
 
-def translate_stream(translator: Translator, source: IO[bytes], source_name: str, out: IO[str],
-                     progress: bool = False, total: int | None = None) -> int:
-    """Translate every line of `source` and write each output line to `out`; returns the line
+def translate_stream(translator: Translator, config: TranslateConfig, source: IO[bytes], source_name: str,
+                     out: IO[str], progress: bool = False, total: int | None = None) -> int:
+    """Translate every line of `source` as `config` says and write each output line to `out`; returns the line
     count. From a pipe or a terminal, what has arrived is translated whenever the input pauses, and
     each chunk's lines are flushed: a program that writes a line and waits for it is answered.
     With `progress` on a terminal, a bar of the lines (of `total`, with an ETA, when known)."""
@@ -87,7 +89,7 @@ def translate_stream(translator: Translator, source: IO[bytes], source_name: str
     count = 0
     with tqdm(unit="line", total=total, disable=not (progress and sys.stderr.isatty()), file=sys.stderr) as bar:
         for chunk in arriving_chunks(source, source_name, CHUNK_LINES):
-            out.writelines(line + "\n" for line in translate_lines(translator, chunk, count + 1))
+            out.writelines(line + "\n" for line in translate_lines(translator, chunk, count + 1, config))
             out.flush()
             count += len(chunk)
             bar.update(len(chunk))
@@ -122,13 +124,13 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
             raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
     bundles = [load_bundle(path) for path in checkpoints]
     try:
-        search = model_search(bundles[0], {name: getattr(config.search, name) for name in given})
-        config = dataclasses.replace(config, search=search)
+        search = model_search(bundles[0], {name: getattr(config.run.search, name) for name in given})
+        config = dataclasses.replace(config, run=dataclasses.replace(config.run, search=search))
     except ValueError as e:
         raise NmtError(f"{checkpoints[0]}: its search settings with these options: {e}") from None
-    device, dtype = select_device(config.run_on, config.precision)
-    tune(device, config.threads)
-    translator = Translator(bundles, config, device, dtype,
+    device, dtype = select_device(config.run.run_on, config.run.precision)
+    tune(device, config.run.threads)
+    translator = Translator(bundles, config.run, device, dtype,
                             shortlist=None if shortlist is None else load_shortlist(shortlist, bundles[0]))
     source = open(input_path, "rb") if input_path else sys.stdin.buffer
     name = str(input_path) if input_path else "<stdin>"
@@ -136,11 +138,12 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
         print("nmt translate: reading lines from the terminal (Ctrl-D ends)", file=sys.stderr, flush=True)
     try:
         if output_path is None:
-            return to_stdout(lambda: translate_stream(translator, source, name, sys.stdout))
+            return to_stdout(lambda: translate_stream(translator, config, source, name, sys.stdout))
         remove_stale_temporaries(output_path.parent)
         with replacing(output_path, "the translation") as tmp, open(tmp, "w", encoding="utf-8") as out:
             total = line_count(input_path) if input_path and input_path.is_file() and sys.stderr.isatty() else None
-            return translate_stream(translator, source, name, out, progress=input_path is not None, total=total)
+            return translate_stream(translator, config, source, name, out, progress=input_path is not None,
+                                    total=total)
     finally:
         if input_path:
             source.close()

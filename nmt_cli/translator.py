@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
 import torch
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.constraints import Phrases
 from nmt_cli.device import select
 from nmt_cli.errors import NmtError
@@ -29,6 +29,7 @@ from nmt_cli.lines import chunks
 from nmt_cli.options import check_applies
 from nmt_cli.pipeline import TextPipeline, joining_ids
 from nmt_cli.records import Scored, Translation, attention_record
+from nmt_cli.run_config import RunConfig
 from nmt_cli.search import Hypothesis, length_penalty, max_lengths
 from nmt_cli.shortlist import Shortlist
 from nmt_cli.vocab import BOS_ID, EOS_ID
@@ -63,8 +64,7 @@ class SearchOptions(TypedDict, total=False):
 
 
 class LoadOptions(SearchOptions, total=False):
-    """What Translator.load takes besides the search options: the TranslateConfig fields of
-    running a model (the others are `nmt translate`'s output)."""
+    """What Translator.load takes besides the search options: RunConfig's other fields."""
 
     device: str
     precision: Literal["auto", "fp32", "bf16", "fp16"]
@@ -85,7 +85,7 @@ def spelled_out(options: type) -> Callable[[Method], Method]:
     """A method whose `**options` are shown as the keyword parameters they are, with their types
     and nmt-cli's defaults (the Translator's own, a released model's say, replace them), to
     help() and inspect.signature."""
-    defaults = {**SearchConfig().to_dict(), **TranslateConfig().to_dict()}
+    defaults = {**SearchConfig().to_dict(), **RunConfig().to_dict()}
 
     def spell(method: Method) -> Method:
         signature = inspect.signature(method)
@@ -152,7 +152,7 @@ class Translator:
     search (source_ids, prefix_ids, phrases, search_ids, translation, alignment), which `nmt
     translate` and `nmt serve` compose to batch lines from many requests."""
 
-    def __init__(self, bundles: list[ModelBundle], config: TranslateConfig, device: torch.device,
+    def __init__(self, bundles: list[ModelBundle], config: RunConfig, device: torch.device,
                  dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None,
                  shortlist: Shortlist | None = None) -> None:
         first = bundles[0]
@@ -188,8 +188,8 @@ class Translator:
         search = {key: value for key, value in options.items() if key not in LOAD_OPTIONS}
         bundles = [load_bundle(Path(path)) for path in paths]
         try:
-            config = TranslateConfig(search=model_search(bundles[0], search), **{k: options[k] for k in LOAD_OPTIONS
-                                                                                 if k in options})
+            config = RunConfig(search=model_search(bundles[0], search), **{k: options[k] for k in LOAD_OPTIONS
+                                                                           if k in options})
             check_applies(config.search, search, name=lambda f: f.name)
         except ValueError as e:
             raise NmtError(str(e)) from None

@@ -10,8 +10,9 @@ from click.testing import CliRunner
 from nmt_cli.architecture import PRESETS
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
-from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
+from nmt_cli.config import SearchConfig, TrainConfig
 from nmt_cli.model import Transformer
+from nmt_cli.run_config import RunConfig
 from nmt_cli.train import TrainingRun
 from nmt_cli.translator import Translator
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -101,7 +102,7 @@ LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c"
 def translator(path, warnings=None, **options):
     """A Translator of the checkpoint at `path` on the CPU (beam 3, short outputs unless `search`)."""
     search = options.pop("search", SearchConfig(beam=3, max_len_a=1, max_len_b=3))
-    return Translator([load_bundle(path)], TranslateConfig(search=search, **options), torch.device("cpu"),
+    return Translator([load_bundle(path)], RunConfig(search=search, **options), torch.device("cpu"),
                       warn=(warnings.append if warnings is not None else None))
 
 

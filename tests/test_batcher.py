@@ -14,10 +14,11 @@ from conftest import tiny_checkpoint
 
 from nmt_cli.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.config import SearchConfig, ServeConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.ensemble import SearchInterrupted
 from nmt_cli.errors import NmtError
 from nmt_cli.records import Translation
+from nmt_cli.run_config import RunConfig, ServeConfig
 from nmt_cli.search import Hypothesis
 from nmt_cli.translator import Translator
 
@@ -178,7 +179,7 @@ def test_draining_answers_shutting_down_past_its_deadline():
 
 def test_cut_searches_give_the_translations_of_one(tmp_path):
     bundle = load_bundle(tiny_checkpoint(tmp_path / "m.pt", seed=3))
-    translator = Translator([bundle], TranslateConfig(), torch.device("cpu"))
+    translator = Translator([bundle], RunConfig(), torch.device("cpu"))
     lines = ["a b c d", "p o n m l k", "", "e", "f g h i j k l m n o p a b c", "c c c", "h a", "b b a a"]
     search = SearchConfig(beam=3, max_len_b=5)
     found = batcher(translator, max_tokens=6).submit(search, lines).result(timeout=60)

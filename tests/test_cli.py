@@ -11,7 +11,8 @@ from conftest import synthetic_data_dir, tiny_checkpoint
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
-from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig, TranslateConfig
+from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig
+from nmt_cli.run_config import RunConfig, TranslateConfig
 from nmt_cli.version import __version__
 
 
@@ -59,7 +60,7 @@ def test_out_of_range_option_names_the_option():
 
 
 @pytest.mark.parametrize("command, classes", [
-    ("translate", (SearchConfig, TranslateConfig)),
+    ("translate", (SearchConfig, RunConfig, TranslateConfig)),
     ("preprocess", (TextConfig, PreprocessConfig)),
     ("train", (TrainConfig,)),
 ])

@@ -80,12 +80,12 @@ def test_native_bf16_on_the_cpu_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, 
 
 def test_quantize_with_device_auto_runs_on_the_cpu_where_there_is_a_gpu(tmp_path, monkeypatch):
     """int8 matmuls are a CPU kernel: with --quantize, device auto means the CPU on a GPU machine too."""
-    from nmt_cli.config import TranslateConfig
+    from nmt_cli.run_config import RunConfig
     from nmt_cli.translator import Translator
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert TranslateConfig(quantize="int8").run_on == "cpu" and TranslateConfig().run_on == "auto"
-    assert TranslateConfig(quantize="int8", device="cuda").run_on == "cuda"  # asked for: refused by the generator
+    assert RunConfig(quantize="int8").run_on == "cpu" and RunConfig().run_on == "auto"
+    assert RunConfig(quantize="int8", device="cuda").run_on == "cuda"  # asked for: refused by the generator
     assert Translator.load(tiny_checkpoint(tmp_path / "m.pt"), quantize="int8").device == torch.device("cpu")
 
 

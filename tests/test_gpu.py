@@ -18,8 +18,9 @@ from conftest import synthetic_data_dir
 from nmt_cli import checkpoint as ckpt
 from nmt_cli import kernels
 from nmt_cli.cli import main
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.ensemble import Ensemble
+from nmt_cli.run_config import RunConfig
 from nmt_cli.search import beam_search
 from nmt_cli.translate import translate_lines
 from nmt_cli.translator import Translator
@@ -45,7 +46,7 @@ def test_a_checkpoint_trained_on_the_gpu_translates_on_the_cpu(tmp_path):
     run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", TINY, device="cuda", max_updates=5).run()
     bundle = ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")
     assert all(p.device.type == "cpu" for p in bundle.model.parameters())
-    translator = Translator([bundle], TranslateConfig(SearchConfig(beam=2)), torch.device("cpu"))
+    translator = Translator([bundle], RunConfig(SearchConfig(beam=2)), torch.device("cpu"))
     assert len(translate_lines(translator, ["a b c", "d e"])) == 2
 
 

@@ -267,7 +267,7 @@ def test_everything_runs_on_an_imported_model(released, tmp_path):
                "-o", tmp_path / "avg.pt").exit_code == 0
     assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "avg.pt").values(),
                                                  weights(tmp / "imported.pt").values()))
-    from nmt_cli.config import ServeConfig
+    from nmt_cli.run_config import ServeConfig
     from nmt_cli.schemas import search_config
 
     search = search_config({"beam": 2}, 1, ServeConfig(), translator.config.search)

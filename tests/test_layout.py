@@ -10,7 +10,7 @@ MODULE_LINES = 400
 # Lowest first: a module imports modules of its own layer or of lower ones, never of a higher one.
 LAYERS = (
     ("foundations", {"errors", "version", "options", "files", "lines", "vocab", "moses"}),
-    ("settings, text and data", {"architecture", "config", "bpe", "pieces", "text", "data", "datadir"}),
+    ("settings, text and data", {"architecture", "config", "run_config", "bpe", "pieces", "text", "data", "datadir"}),
     ("the paper's model", {"model"}),
     ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "controls", "constraints", "ensemble",
                                  "search", "sampling"}),

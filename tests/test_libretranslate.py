@@ -11,9 +11,9 @@ import pytest
 from conftest import serving, tiny_checkpoint
 from libretranslatepy import LibreTranslateAPI
 
-from nmt_cli.config import ServeConfig
 from nmt_cli.libretranslate import parse_libretranslate
 from nmt_cli.records import Translation
+from nmt_cli.run_config import ServeConfig
 from nmt_cli.schemas import BadRequest
 
 LIMITS = ServeConfig(max_beam=4, max_sentences=2, max_chars=4)

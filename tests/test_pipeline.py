@@ -12,7 +12,8 @@ from conftest import SYMBOLS, head, synthetic_data_dir, write_lines
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
-from nmt_cli.config import SearchConfig, TrainConfig, TranslateConfig
+from nmt_cli.config import SearchConfig, TrainConfig
+from nmt_cli.run_config import RunConfig
 from nmt_cli.train import TrainingRun
 from nmt_cli.translate import translate_lines
 from nmt_cli.translator import Translator
@@ -38,7 +39,7 @@ def test_learns_to_reverse_sequences(tmp_path):
     expected = [" ".join(reversed(line.split())) for line in inputs]
     for quantize in (None, "int8"):
         translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_best.pt")],
-                                TranslateConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
+                                RunConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
         outputs = translate_lines(translator, inputs)
         exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
         bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score

@@ -20,7 +20,6 @@ from nmt_cli import ensemble, kernels, sampling, search
 from nmt_cli.config import SearchConfig
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.search import beam_search, length_penalty, max_lengths
-from nmt_cli.shortlist import Columns
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -150,23 +149,20 @@ def test_search_equals_the_search_written_out(beam, vocab, seed, rules):
     (4, 2, 2, {"stopping": "heuristic", "lenpen": 1.5}), (5, 3, 1, {"nbest": 3})])
 def test_a_shortlisted_search_is_the_search_written_out_over_its_columns(beam, seed, members, rules):
     """A shortlist's columns: each model's softmax over them alone (averaged in an ensemble), and
-    no other token output; the controls as they are over the whole vocabulary. Sentences in
-    groups: each searches its group's columns, also after others have left the batch."""
+    no other token output; the controls as they are over the whole vocabulary."""
     import random
 
     models = [random_model(40, seed + 10 * m, scale=2.0) for m in range(members)]
-    draw = random.Random(seed)
-    groups = [sorted({PAD_ID, BOS_ID, EOS_ID, UNK_ID, *draw.sample(range(4, 40), 12)}) for _ in range(2)]
-    rows, group_of = [[4, 5, 4], [5], [4, 4, 5, 5, 4], [5, 4]], [0, 0, 1, 1]
+    columns = sorted({PAD_ID, BOS_ID, EOS_ID, UNK_ID, *random.Random(seed).sample(range(4, 40), 12)})
+    rows = [[4, 5, 4], [5], [4, 4, 5, 5, 4]]
     config = SearchConfig(beam=beam, max_len_a=0.5, max_len_b=4, **{"nbest": 2, **rules})
-    columns = Columns([torch.tensor(group) for group in groups], group_of)
-    batched = beam_search(Ensemble(models), sources(rows, 40), config, columns=columns)
-    for row, group, hyps in zip(rows, group_of, batched):
-        expected = reference_beam_search(models, sources([row], 40), config, groups[group])
+    batched = beam_search(Ensemble(models), sources(rows, 40), config, columns=torch.tensor(columns))
+    for row, hyps in zip(rows, batched):
+        expected = reference_beam_search(models, sources([row], 40), config, columns)
         assert [h.tokens for h in hyps] == [tokens for _, _, tokens in expected]
         assert [h.score for h in hyps] == pytest.approx([score for score, _, _ in expected], abs=1e-4)
-        assert set(itertools.chain(*(h.tokens for h in hyps))) <= set(groups[group])
-    whole = Columns([torch.arange(40)] * 2, group_of)
+        assert set(itertools.chain(*(h.tokens for h in hyps))) <= set(columns)
+    whole = torch.arange(40)
     for config in (SearchConfig(beam=beam), SearchConfig(beam=1)):  # the whole vocabulary: the search itself
         unlisted = beam_search(Ensemble(models), sources(rows, 40), config)
         assert beam_search(Ensemble(models), sources(rows, 40), config, columns=whole) == unlisted

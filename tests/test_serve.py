@@ -17,7 +17,8 @@ import torch
 from conftest import request, serving, tiny_checkpoint
 
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
+from nmt_cli.run_config import RunConfig, TranslateConfig
 from nmt_cli.translate import translate_lines
 from nmt_cli.translator import Translator
 
@@ -35,10 +36,9 @@ def server(tmp_path_factory):
 
 def expected(model, lines, attention=False, prefix=False, **search):
     """`nmt translate --format jsonl`'s records of `lines` (with `prefix`: SOURCE<TAB>PREFIX lines)."""
-    translator = Translator([load_bundle(model)], TranslateConfig(SearchConfig(**search), format="jsonl",
-                                                                  attention=attention, prefix=prefix),
-                            torch.device("cpu"))
-    return [json.loads(record) for record in translate_lines(translator, lines)]
+    translator = Translator([load_bundle(model)], RunConfig(SearchConfig(**search)), torch.device("cpu"))
+    config = TranslateConfig(format="jsonl", attention=attention, prefix=prefix)
+    return [json.loads(record) for record in translate_lines(translator, lines, config=config)]
 
 
 @pytest.mark.slow

@@ -50,16 +50,6 @@ def test_a_batch_outputs_its_candidates_the_frequent_tokens_the_specials_and_wha
     assert columns == [PAD_ID, BOS_ID, EOS_ID, UNK_ID, 7, 8, 9, 10, 11, 15]
 
 
-def test_a_batch_in_groups_gives_each_group_its_own_sentences_columns():
-    shortlist = Shortlist(np.array([[-1, -1]] * 5 + [[7, 8], [9, -1], [-1, -1]]), np.array([10]), "s", "t", 20)
-    specials = [PAD_ID, BOS_ID, EOS_ID, UNK_ID]
-    grouped = shortlist.grouped([[5], [6, 7], [6]], [[], [15], [12]], size=2)
-    assert grouped.group_of == [0, 0, 1]
-    assert [g.tolist() for g in grouped.groups] == [specials + [7, 8, 9, 10, 15], specials + [9, 10, 12]]
-    whole = shortlist.grouped([[5], [6, 7], [6]], [[], [15], [12]], size=None)
-    assert whole.group_of == [0, 0, 0] and whole.groups[0].tolist() == specials + [7, 8, 9, 10, 12, 15]
-
-
 def test_the_file_reads_back_and_a_damaged_one_is_one_line(trained, tmp_path):
     data, _ = trained
     result = cli("shortlist", data, "-o", tmp_path / "s.txt", "--first", 5, "--best", 3)

@@ -15,7 +15,10 @@ from conftest import tiny_checkpoint, write_lines
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig
 from nmt_cli.lines import arriving_chunks
+from nmt_cli.run_config import RunConfig, TranslateConfig
 from nmt_cli.translate import translate_lines
+
+PREFIXED = TranslateConfig(prefix=True)  # SOURCE<TAB>PREFIX lines
 
 
 @pytest.fixture
@@ -47,8 +50,8 @@ def test_line_longer_than_positions_is_truncated_with_a_warning(tmp_path):
 
 
 def test_jsonl_nbest_with_scores(model_path):
-    t = translator(model_path, format="jsonl", search=SearchConfig(beam=3, nbest=2, max_len_a=1, max_len_b=3))
-    records = [json.loads(line) for line in translate_lines(t, ["a b c", ""])]
+    t = translator(model_path, search=SearchConfig(beam=3, nbest=2, max_len_a=1, max_len_b=3))
+    records = [json.loads(line) for line in translate_lines(t, ["a b c", ""], config=TranslateConfig(format="jsonl"))]
     assert [r["line"] for r in records] == [1, 2]
     first = records[0]
     assert len(first["nbest"]) == 2 and first["nbest"][0]["score"] >= first["nbest"][1]["score"]
@@ -159,9 +162,8 @@ def test_arriving_chunks_hand_on_what_came_before_a_pause():
 
 
 def test_prefixed_lines_start_with_their_prefix(model_path):
-    t = translator(model_path, prefix=True, output_format="bpe",
-                   search=SearchConfig(beam=3, max_len_a=1, max_len_b=4))
-    out = translate_lines(t, ["a b c\tn o", "p o n", "e f\t", "g h\tzzz k"])
+    t = translator(model_path, output_format="bpe", search=SearchConfig(beam=3, max_len_a=1, max_len_b=4))
+    out = translate_lines(t, ["a b c\tn o", "p o n", "e f\t", "g h\tzzz k"], config=PREFIXED)
     assert out[0].split()[:2] == ["n", "o"]
     assert out[1] == translate_lines(translator(model_path, output_format="bpe",
                                 search=SearchConfig(beam=3, max_len_a=1, max_len_b=4)), ["p o n"])[0]
@@ -170,8 +172,8 @@ def test_prefixed_lines_start_with_their_prefix(model_path):
 
 def test_a_prefix_the_vocabulary_lacks_is_warned_once_with_its_line(model_path):
     warnings = []
-    t = translator(model_path, warnings, prefix=True, output_format="bpe")
-    out = translate_lines(t, ["a b c\tn o", "p o n\tzzz ü k", "e f\tyyy"], first_number=7)
+    t = translator(model_path, warnings, output_format="bpe")
+    out = translate_lines(t, ["a b c\tn o", "p o n\tzzz ü k", "e f\tyyy"], first_number=7, config=PREFIXED)
     assert out[1].split()[:3] == ["<unk>", "<unk>", "k"]
     assert warnings == ["warning: line 8: the prefix has 'zzz', 'ü', which the model's vocabulary lacks: forced as "
                         "<unk> (warned once)"]
@@ -179,8 +181,8 @@ def test_a_prefix_the_vocabulary_lacks_is_warned_once_with_its_line(model_path):
 
 def test_an_empty_source_with_a_prefix_gives_the_prefix_and_says_so_once(model_path):
     warnings = []
-    t = translator(model_path, warnings, prefix=True, output_format="bpe")
-    out = translate_lines(t, ["a b\tn", "\tn o", " \tp", "\t", ""], first_number=3)
+    t = translator(model_path, warnings, output_format="bpe")
+    out = translate_lines(t, ["a b\tn", "\tn o", " \tp", "\t", ""], first_number=3, config=PREFIXED)
     assert out[1:] == ["n o", "p", "", ""]
     assert warnings == ["warning: line 4: an empty source with a prefix: its output is the prefix alone (warned "
                         "once)"]
@@ -246,7 +248,6 @@ def test_a_file_on_a_terminal_shows_a_bar_of_its_total_and_the_terminal_is_told_
     newline counts, an empty file has none."""
     import io
 
-    from nmt_cli.config import TranslateConfig
     from nmt_cli.lines import line_count
     from nmt_cli.translate import translate_file
 
@@ -260,10 +261,11 @@ def test_a_file_on_a_terminal_shows_a_bar_of_its_total_and_the_terminal_is_told_
         assert line_count(tmp_path / "n.txt") == lines
     terminal = Terminal()
     monkeypatch.setattr("sys.stderr", terminal)
-    assert translate_file([model_path], tmp_path / "in.txt", tmp_path / "out.txt", TranslateConfig(device="cpu")) == 9
+    on_the_cpu = TranslateConfig(RunConfig(device="cpu"))
+    assert translate_file([model_path], tmp_path / "in.txt", tmp_path / "out.txt", on_the_cpu) == 9
     assert "9/9" in terminal.getvalue() and "line/s" in terminal.getvalue()
     monkeypatch.setattr("sys.stdin", Terminal("a b\n"))
     monkeypatch.setattr("sys.stdin.buffer", io.BytesIO(b"a b\n"), raising=False)
     monkeypatch.setattr("sys.stdout", io.StringIO())
-    translate_file([model_path], None, None, TranslateConfig(device="cpu"))
+    translate_file([model_path], None, None, on_the_cpu)
     assert "nmt translate: reading lines from the terminal (Ctrl-D ends)" in terminal.getvalue()

@@ -16,8 +16,9 @@ import sacrebleu
 import torch
 
 from nmt_cli.checkpoint import ModelBundle, load_bundle
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData
+from nmt_cli.run_config import RunConfig
 from nmt_cli.search import Hypothesis
 from nmt_cli.translator import Translator
 from nmt_cli.vocab import EOS_ID
@@ -116,7 +117,7 @@ class OurSide:
     def load(cls, args: argparse.Namespace) -> OurSide:
         torch.set_num_threads(args.threads)
         bundle = load_bundle(args.model)
-        options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
+        options = RunConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
         translator = Translator([bundle], options, torch.device("cpu"))
         lines = args.input.read_text(encoding="utf-8").splitlines()
         sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]

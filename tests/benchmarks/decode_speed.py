@@ -27,8 +27,9 @@ from common import decoding_arguments, timed
 
 from nmt_cli import search
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
+from nmt_cli.config import PRECISIONS, SearchConfig
 from nmt_cli.device import select, tune
+from nmt_cli.run_config import RunConfig
 from nmt_cli.translator import Translator, load_shortlist
 
 
@@ -67,7 +68,7 @@ def main() -> None:
     device, dtype = select(args.device, args.precision)
     tune(device, args.threads)  # threads and memory as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
-    options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
+    options = RunConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                                quantize=args.quantize, cuda_graphs=args.cuda_graphs)
     bundle = load_bundle(args.model)
     translator = Translator([bundle], options, device, dtype,

@@ -23,8 +23,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt_cli import decoding, ensemble, graphs, search
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.config import PRECISIONS, SearchConfig, TranslateConfig
+from nmt_cli.config import PRECISIONS, SearchConfig
 from nmt_cli.device import select, tune
+from nmt_cli.run_config import RunConfig
 from nmt_cli.translator import Translator
 
 VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "unsqueeze", "squeeze", "expand", "expand_as", "alias",
@@ -92,7 +93,7 @@ def main() -> None:
     device, dtype = select(args.device, args.precision)
     tune(device, args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()[: args.lines]
-    options = TranslateConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
+    options = RunConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
     translator = Translator([load_bundle(args.model)], options, device, dtype)
     sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
     growing = translator.generator.models

@@ -29,9 +29,10 @@ import torch
 from common import SHARED
 
 from nmt_cli import checkpoint as ckpt
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.model import Transformer
 from nmt_cli.release import Released
+from nmt_cli.run_config import RunConfig
 from nmt_cli.translator import Translator
 from nmt_cli.vocab import PAD_ID
 
@@ -112,7 +113,7 @@ def main() -> None:
     search = SearchConfig(beam=4, max_len_a=0, max_len_b=30)
     translators = {}
     for name in ("imported", "native"):
-        translators[name] = Translator([ckpt.load_bundle(args.work / f"{name}.pt")], TranslateConfig(search=search),
+        translators[name] = Translator([ckpt.load_bundle(args.work / f"{name}.pt")], RunConfig(search=search),
                                        torch.device("cpu"))
     speeds: dict[str, list[float]] = {name: [] for name in translators}
     for _ in range(args.repeats):

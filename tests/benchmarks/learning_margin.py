@@ -33,7 +33,8 @@ def one_run(device: str, max_updates: int | None) -> dict:
     from test_pipeline import REVERSAL_MODEL, REVERSAL_TRAINING
 
     from nmt_cli import checkpoint as ckpt
-    from nmt_cli.config import SearchConfig, TranslateConfig
+    from nmt_cli.config import SearchConfig
+    from nmt_cli.run_config import RunConfig
     from nmt_cli.train import TrainingRun
     from nmt_cli.translate import translate_lines
     from nmt_cli.translator import Translator
@@ -51,7 +52,7 @@ def one_run(device: str, max_updates: int | None) -> dict:
         for name in ("best", "last"):
             for quantize in (None, "int8"):
                 translator = Translator([ckpt.load_bundle(tmp / f"ck/checkpoint_{name}.pt")],
-                                        TranslateConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
+                                        RunConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
                 outputs = translate_lines(translator, inputs)
                 exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
                 bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score

@@ -31,8 +31,9 @@ import torch
 from common import SHARED
 
 from nmt_cli.checkpoint import load_bundle
-from nmt_cli.config import SearchConfig, TranslateConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.device import tune
+from nmt_cli.run_config import RunConfig
 from nmt_cli.translate import translate_lines
 from nmt_cli.translator import Translator
 
@@ -89,7 +90,7 @@ def main() -> None:
               for k in range(args.requests)]
     device = torch.device("cpu")
     tune(device, args.threads)
-    translator = Translator([load_bundle(args.model)], TranslateConfig(SearchConfig()), device)
+    translator = Translator([load_bundle(args.model)], RunConfig(SearchConfig()), device)
     start = time.perf_counter()
     translate_lines(translator, [line for body in bodies for line in body])
     file_rate = args.requests * args.sentences / (time.perf_counter() - start)

@@ -1,5 +1,5 @@
 """Shortlists: `python tests/benchmarks/shortlist_speed.py -m CKPT -d DATA_DIR [--best 10 20 50]
-[--methods ibm1 dice] [--batch-size N ...] [--group N ...] [--beam 4] [--lenpen 1.5] [--threads 2]`.
+[--methods ibm1 dice] [--batch-size N ...] [--beam 4] [--lenpen 1.5] [--threads 2]`.
 
 Learns shortlists of DATA_DIR's training split at --first 100 and each --best: IBM model 1's (what
 `nmt shortlist` makes, its time measured) and, for the choice of method, Dice's coefficient
@@ -8,9 +8,8 @@ plainly and with each, the model loaded once, the translation alone timed (the p
 and after the others: the spread is the machine's noise). Prints one JSON line per run: lines/s,
 the speed-up over the mean of the plain runs, sacreBLEU and its change, the number of columns
 of 64 lines. With --batch-size, all of it at each batch size (sentences; 0: `nmt translate`'s
-default batches, by tokens alone), each against the plain runs at the default batches; with
---group, the shortlisted runs at each number of sentences that share their columns
-(generator.SHORTLIST_GROUP; 0: the whole batch).
+default batches, by tokens alone) plainly and shortlisted, each against the plain runs at the
+default batches.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import numpy as np
 import sacrebleu
 import torch
 
-from nmt_cli import generator
 from nmt_cli.datadir import DataDir
 from nmt_cli.shortlist import Shortlist, make, vocabulary_digest
 from nmt_cli.translator import Translator
@@ -68,13 +66,6 @@ def run(translator: Translator, lines: list[str], references: list[str]) -> tupl
     return len(lines) / seconds, sacrebleu.corpus_bleu(outputs, [references]).score, outputs
 
 
-def runs(batch_sizes: list[int], groups: list[int], path: Path) -> list[tuple[int, int, Path | None]]:
-    """(batch size, group, shortlist) of each run: at each batch size, plain (unless the default
-    batches, whose plain runs are the baselines) and shortlisted at each group."""
-    return [(size, group, listed) for size in batch_sizes
-            for group, listed in ([(0, None)] if size else []) + [(group, path) for group in groups]]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-m", "--model", required=True)
@@ -88,7 +79,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", nargs="+", choices=("ibm1", "dice"), default=["ibm1", "dice"])
     parser.add_argument("--batch-size", type=int, nargs="+", default=[0])
-    parser.add_argument("--group", type=int, nargs="+", default=[generator.SHORTLIST_GROUP])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()
@@ -109,15 +99,15 @@ def main() -> None:
                 learned = time.perf_counter() - start
                 path = Path(tmp) / f"{method}-{best}.txt"
                 shortlist.save(path)
-                for batch_size, group, listed in runs(args.batch_size, args.group, path):
-                    generator.SHORTLIST_GROUP = group or None
+                for batch_size, listed in [(size, listed) for size in args.batch_size
+                                           for listed in ((None, path) if size else (path,))]:
                     translator = Translator.load(args.model, device="cpu", shortlist=listed,
                                                  batch_size=batch_size or None, **search)
                     translator.translate(lines[:50])
                     listed_speed, listed_bleu, _ = run(translator, lines, references)
                     columns = len(shortlist.columns(translator.source_ids(line) for line in lines[:64]))
                     what = f"{method} first {args.first} best {best}" if listed else "plain"
-                    results.append({**base, "run": what, "batch_size": batch_size or None, "group": group or None,
+                    results.append({**base, "run": what, "batch_size": batch_size or None,
                                     "lines_per_s": round(listed_speed, 2), "bleu": round(listed_bleu, 2),
                                     "bleu_change": round(listed_bleu - bleu, 2), "learn_s": round(learned, 1),
                                     "columns_of_64_lines": columns})

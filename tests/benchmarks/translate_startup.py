@@ -31,13 +31,13 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
 
     mark("import_torch")
     from nmt_cli.checkpoint import load_bundle
-    from nmt_cli.config import TranslateConfig
     from nmt_cli.device import select, tune
+    from nmt_cli.run_config import RunConfig
     from nmt_cli.translate import translate_lines
     from nmt_cli.translator import Translator
 
     mark("import_nmt_cli")
-    config = TranslateConfig(device=device, cuda_graphs=cuda_graphs)
+    config = RunConfig(device=device, cuda_graphs=cuda_graphs)
     torch_device, dtype = select(config.device, config.precision)
     tune(torch_device, config.threads)
     mark("select_device")

@@ -1,0 +1,120 @@
+"""How a trained model runs, as frozen dataclasses like config.py's: `RunConfig`, what a
+Translator runs with (the search, batching, the text's forms, hardware: `nmt translate`, `nmt
+serve` and the Python API alike); `TranslateConfig`, `nmt translate`'s (a RunConfig, and what its
+input and output lines hold); `ServeConfig`, `nmt serve`'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt_cli.config import BEAM_MAX, EXISTING_FILE, SEARCHING, SearchConfig, device_knob, precision_knob, threads_knob
+from nmt_cli.options import Options, knob
+
+
+@dataclass(frozen=True)
+class RunConfig(Options):
+    """A Translator's (translator.py): the search, batching, the text's forms, hardware."""
+
+    search: SearchConfig = SearchConfig()
+    max_tokens: int = knob(8000, "Source tokens per batch.", min=1)
+    batch_size: int | None = knob(None, "Sentences per batch at most.", min=1)
+    input_format: str = knob("raw", "raw: tokenize and apply BPE; bpe: the input is already BPE tokens.",
+                              choices=("raw", "bpe"))
+    output_format: str = knob("text", "text: detokenized; tokens: BPE removed; bpe: as produced.",
+                               choices=("text", "tokens", "bpe"))
+    quantize: str | None = knob(None, "CPU: run the linear layers as dynamic int8 matmuls (tests/benchmarks/"
+                                 "PERFORMANCE.md: speed and BLEU); --device auto then means the CPU.",
+                                 choices=("int8",))
+    cuda_graphs: bool = knob(False, "GPU: replay beam search's decoder steps as CUDA graphs (batches padded to "
+                              "fixed shapes).", only_if=(lambda c: not c.search.sampling, SEARCHING[1]))
+    device: str = device_knob()
+    precision: str = precision_knob()
+    threads: int | None = threads_knob()
+
+    @property
+    def run_on(self) -> str:
+        """--device, where auto means the CPU under --quantize (int8 matmuls are a CPU kernel)."""
+        return "cpu" if self.quantize and self.device == "auto" else self.device
+
+
+_PLOT = (lambda c: c.attention_plot is not None, "with --attention-plot")
+
+
+@dataclass(frozen=True)
+class TranslateConfig(Options):
+    """`nmt translate` (translate.py): its Translator's `run`, and what input and output lines hold
+    (prefixes, constraints, references to score; text or JSON lines, attention)."""
+
+    run: RunConfig = RunConfig()
+    format: str = knob("text", "jsonl: one JSON object per line with scores and n-best.", choices=("text", "jsonl"))
+    prefix: bool = knob(False, "Input lines are SOURCE<TAB>TARGET-PREFIX: each translation starts with its "
+                         "prefix (interactive post-editing; a line without a tab has none).")
+    constraints: bool = knob(False, "Input lines are SOURCE<TAB>PHRASE<TAB>PHRASE...: each translation holds "
+                             "every phrase, in any order (terminology; --beam 4 or more places them best).",
+                             only_if=(lambda c: not (c.prefix or c.run.search.sampling),
+                                      "without --prefix and --sampling"))
+    avoid: tuple[str, ...] = knob((), "A phrase that no translation may hold (repeatable).",
+                                  only_if=(lambda c: not c.run.search.sampling, "without --sampling"))
+    score_reference: bool = knob(False, "Input lines are SOURCE<TAB>TARGET: print the log-probability of each "
+                                 "target under the model instead of a translation (--format jsonl: also its score "
+                                 "and each token's), to filter a corpus or rerank.", only_if=(
+                                     lambda c: not (c.prefix or c.run.search.sampling or c.attention or c.constraints
+                                                    or c.avoid or c.attention_plot is not None),
+                                     "without --prefix, --sampling, constraints and attention"))
+    attention: bool = knob(False, "With --format jsonl: add the encoder-decoder attention (heads averaged) "
+                            "for alignment.", only_if=(lambda c: c.format == "jsonl", "with --format jsonl"))
+    attention_layer: int | None = knob(None, "Decoder layer for --attention [default: the last].", min=1,
+                                        only_if=(lambda c: c.attention, "with --attention"))
+    attention_plot: Path | None = knob(None, "Write PNG heat maps of every attention per sentence here "
+                                        "(needs matplotlib).", path={"file_okay": False})
+    plot_layers: tuple[int, ...] = knob((), "Layers to plot (repeatable) [all].", min=1, flags=("--layers",),
+                                         only_if=_PLOT)
+    plot_heads: tuple[int, ...] = knob((), "Heads to plot (repeatable) [all].", min=1, flags=("--heads",),
+                                        only_if=_PLOT)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.run.search.nbest > 1 and self.format == "text":
+            raise ValueError(f"--nbest {self.run.search.nbest} needs --format jsonl: text output has one line per "
+                             "input line (the best translation)")
+
+
+@dataclass(frozen=True)
+class ServeConfig(Options):
+    """`nmt serve` (serve.py): where to listen, what a request may hold, how requests are batched."""
+
+    host: str = knob("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+    port: int = knob(8080, "Port to listen on.", min=1, max=65535)
+    max_sentences: int = knob(1000, "Most sentences in one request.", min=1)
+    max_chars: int = knob(10000, "Most characters in one sentence.", min=1)
+    max_beam: int = knob(16, "Largest beam (and n-best) a request may ask for.", min=1, max=BEAM_MAX)
+    max_hypotheses: int = knob(8192, "Most sentences x beam in one request.", min=1)
+    max_output_tokens: int = knob(256, "Most output tokens of a sentence: every search stops there, and a request "
+                                   "may not ask for a larger max_len_b.", min=1)
+    max_source_tokens: int = knob(50000, "Most source tokens (after subword segmentation) in one request.", min=1)
+    max_connections: int = knob(512, "Most connections open at once (kept below the open-file limit); the next "
+                                "are answered 503.", min=1)
+    read_timeout: float = knob(10.0, "Seconds a client has to send a whole request, from connecting or from its last "
+                               "answer; then its connection is closed (408 if a request had begun).", min=0.0,
+                               exclusive_min=True, max=3600.0)
+    cors_origin: tuple[str, ...] = knob((), "Let the pages of this origin (https://example.com; *: any) call the "
+                                        "server from a browser (repeatable).")
+    api_keys: Path | None = knob(None, "A file of API keys, one per line (read again on SIGHUP): requests other than "
+                                 "/, /health, /languages and the API's description then need `Authorization: "
+                                 "Bearer KEY` (or LibreTranslate's api_key).", path=EXISTING_FILE)
+    rate_limit: int | None = knob(None, "Requests a minute per API key (without keys: per client address); the next "
+                                  "are answered 429 with Retry-After.", min=1)
+    access_log: bool = knob(False, "Log a line per request: client, method, path, status, milliseconds.")
+    batch_window_ms: float = knob(5.0, "How long a request waits for others to be translated with it.", min=0.0,
+                                   max=10000.0)
+    max_tokens: int = knob(2048, "Source tokens per search (padding included): a request with more is cut into "
+                                 "several, and waiting requests take turns, so none waits for more than about "
+                                 "one search.", min=1)
+    shortlist: tuple[str, ...] = knob((), "[SRC-TGT=]FILE: a lexical shortlist of `nmt shortlist` for the model of "
+                                      "a pair (of the one pair served, without SRC-TGT=); repeatable.")
+    drain_seconds: int = knob(30, "On SIGTERM, how long the requests in flight may take to finish; those that "
+                               "cannot are answered 503.", min=0, max=3600)
+    device: str = device_knob()
+    precision: str = precision_knob()
+    threads: int | None = threads_knob()
