@@ -87,11 +87,11 @@ def test_failure_midway_leaves_no_output_file(model_path, tmp_path, monkeypatch)
     calls = []
     real = tr.translate_lines
 
-    def fail_on_second_chunk(translator, lines, first_number=1):
+    def fail_on_second_chunk(translator, lines, first_number, config):
         calls.append(first_number)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(translator, lines, first_number)
+        return real(translator, lines, first_number, config)
 
     monkeypatch.setattr(tr, "translate_lines", fail_on_second_chunk)
     result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
