@@ -1,5 +1,7 @@
-"""Where and in what precision to run (one choice, shared by training and translation), and the
-process settings the commands run with (`tune`)."""
+"""Where and in what precision to run (one choice, shared by training and translation), the
+process settings the commands run with (`tune`), and what a device asks of the work on it: how
+much of a search step's output at once (`block_floats`), how often the host reads the device
+(`steps_between_reads`)."""
 
 from __future__ import annotations
 
@@ -60,6 +62,22 @@ def tune(device: torch.device, threads: int | None = None) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
     else:
         keep_freed_memory()
+
+
+def block_floats(device: torch.device) -> int:
+    """Log-probabilities a search step computes at once (rows x vocabulary, `ensemble.Ensemble.
+    top_tokens`): on the CPU 16 MB of float32, which stay in cache until they are read again; on
+    a GPU up to 1 GB, so that a step is one projection, softmax and top-k, not a few kernel
+    launches per block."""
+    return 1 << 22 if device.type == "cpu" else 1 << 28
+
+
+def steps_between_reads(device: torch.device) -> int:
+    """Search steps between reads of which sentences are done, and training updates between reads
+    of their losses. A read makes the host wait for the device: on the CPU that costs nothing (and
+    done sentences leave the batch at once); on a GPU the host queues the next steps' kernels
+    meanwhile instead of waiting for each step."""
+    return 1 if device.type == "cpu" else 8
 
 
 def uses_cuda(device: str) -> bool:

@@ -18,8 +18,9 @@ from torch import Tensor
 from nmt_cli import decoding
 from nmt_cli.controls import OutputControls
 from nmt_cli.decoding import DecoderState
+from nmt_cli.device import block_floats
 from nmt_cli.graphs import DecoderGraphs
-from nmt_cli.kernels import block_floats, search_projection, top_k
+from nmt_cli.kernels import search_projection, top_k
 from nmt_cli.model import Transformer
 from nmt_cli.vocab import EOS_ID
 
@@ -121,7 +122,7 @@ class Ensemble:
         row's banned tokens and wanted ones, -1 for none), the wanted tokens follow the k (rows, k
         + wanted), at -inf where banned, repeated or none.
 
-        Rows go through the projection, softmax and top-k in blocks of about `kernels.block_floats`
+        Rows go through the projection, softmax and top-k in blocks of about `device.block_floats`
         log-probabilities, so that on the CPU the (rows, vocab) matrix never exists whole: memory
         stays small with large vocabularies, and each block is still in cache when it is read again.
         """

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import itertools
 import secrets
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -47,7 +46,7 @@ class Generator:
         models = [kernels.use_fast_paths(model.to(device=device, dtype=dtype)) for model in models]
         if quantize == "int8":
             for model in models:
-                quantize_int8(model, device, dtype)
+                kernels.quantize_int8(model, device, dtype)
         self.device, self.max_tokens, self.batch_size, self.warn = device, max_tokens, batch_size, warn
         self.shortlist = shortlist
         self.models = Ensemble(models, graphs=graphs, never=never)
@@ -164,16 +163,3 @@ def batches(order: list[int], widths: list[int], max_tokens: int, batch_size: in
         batch.append(i)
     if batch:
         yield batch
-
-
-def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) -> None:
-    """`--quantize int8`: see kernels.quantize_int8; CPU and float32 only."""
-    if device.type != "cpu" or dtype != torch.float32:
-        raise NmtError(f"--quantize int8 runs on the CPU in fp32 (add --device cpu), not on {device.type} "
-                       f"in {str(dtype).removeprefix('torch.')}")
-    try:
-        with warnings.catch_warnings():  # torch >= 2.10 warns that torch.ao moves to torchao
-            warnings.simplefilter("ignore")
-            kernels.quantize_int8(model)
-    except (ImportError, RuntimeError) as e:
-        raise NmtError(f"--quantize int8: this PyTorch cannot quantize on this CPU ({e})") from None

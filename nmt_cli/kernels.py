@@ -12,12 +12,12 @@ the paper never needs this file, nor graphs.py (the search's decoder as CUDA gra
 - `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN
   (or a shortlist's rows of it alone).
 - `top_k`: top-k through chunk maxima on the CPU.
-- `steps_between_reads`: how often a search or training reads its state back to the host.
 - `quantize_int8`: dynamic int8 linear layers for CPU inference.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.errors import NmtError
 from nmt_cli.model import ScaledDotProductAttention, Transformer, attention
 from nmt_cli.vocab import PAD_ID
 
@@ -256,28 +257,21 @@ def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
     return top.values, candidates.gather(1, top.indices)
 
 
-def block_floats(device: torch.device) -> int:
-    """Log-probabilities a search step computes at once (rows x vocabulary, `ensemble.Ensemble.
-    top_tokens`): on the CPU 16 MB of float32, which stay in cache until they are read again; on
-    a GPU up to 1 GB, so that a step is one projection, softmax and top-k, not a few kernel
-    launches per block."""
-    return 1 << 22 if device.type == "cpu" else 1 << 28
-
-
-def steps_between_reads(device: torch.device) -> int:
-    """Search steps between reads of which sentences are done, and training updates between reads
-    of their losses. A read makes the host wait for the device: on the CPU that costs nothing (and
-    done sentences leave the batch at once); on a GPU the host queues the next steps' kernels
-    meanwhile instead of waiting for each step."""
-    return 1 if device.type == "cpu" else 8
-
-
 @torch.no_grad()
-def quantize_int8(model: Transformer) -> None:
-    """Dynamic int8 quantization for CPU inference, in place: every linear layer, the
-    pre-softmax projection included, keeps int8 weights (one scale per output row) and
+def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) -> None:
+    """Dynamic int8 quantization for CPU inference (`--quantize int8`), in place: every linear
+    layer, the pre-softmax projection included, keeps int8 weights (one scale per output row) and
     quantizes its input per call (torch.ao dynamic quantization, fbgemm/x86 kernels). The
-    embeddings stay float32. The model can no longer be trained or saved as a checkpoint."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    embeddings stay float32. The model can no longer be trained or saved as a checkpoint. On the
+    CPU in float32 only; a PyTorch that cannot quantize here is a one-line error."""
+    if device.type != "cpu" or dtype != torch.float32:
+        raise NmtError(f"--quantize int8 runs on the CPU in fp32 (add --device cpu), not on {device.type} "
+                       f"in {str(dtype).removeprefix('torch.')}")
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+        with warnings.catch_warnings():  # torch >= 2.10 warns that torch.ao moves to torchao
+            warnings.simplefilter("ignore")
+            quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+    except (ImportError, RuntimeError) as e:
+        raise NmtError(f"--quantize int8: this PyTorch cannot quantize on this CPU ({e})") from None

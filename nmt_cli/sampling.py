@@ -12,8 +12,8 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.controls import OutputControls
+from nmt_cli.device import steps_between_reads
 from nmt_cli.ensemble import Ensemble
-from nmt_cli.kernels import steps_between_reads
 from nmt_cli.search import Hypothesis, forced_tokens, length_penalty, output_limits
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -26,7 +26,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
     probable tokens or the nucleus of probability `sampling_topp` when given (back-translation).
     With a shortlist's `columns`, only their tokens. A sentence's samples are consecutive decoder
     rows; rows that finished wait for the others (the host reads whether all have finished every
-    `kernels.steps_between_reads` steps)."""
+    `device.steps_between_reads` steps)."""
     assert models.graphs is None, "sampling changes its number of rows: it runs without graphs"
     batch, n, device = src.size(0), config.nbest, src.device
     limits = output_limits(src, prefixes, config, models.max_positions)

@@ -30,8 +30,8 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.constraints import Terms
 from nmt_cli.controls import OutputControls
 from nmt_cli.decoding import DecoderState
+from nmt_cli.device import steps_between_reads
 from nmt_cli.ensemble import Ensemble, OutputLayer
-from nmt_cli.kernels import steps_between_reads
 from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -217,7 +217,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     sentence's `terms` (constraints.py), and has only tokens of a shortlist's `columns` when given.
 
     Every step's bookkeeping stays on the device; the host reads which sentences are done only
-    every `kernels.steps_between_reads` steps, and then drops them from the batch (a sentence
+    every `device.steps_between_reads` steps, and then drops them from the batch (a sentence
     done meanwhile keeps decoding, and what it finds is ignored)."""
     batch, beam, device = src.size(0), config.beam, src.device
     limits = output_limits(src, prefixes, config, models.max_positions)

@@ -25,12 +25,11 @@ from nmt_cli.architecture import ModelConfig
 from nmt_cli.config import SearchConfig, TrainConfig
 from nmt_cli.data import ParallelData, Prefetcher, shapes_and_padding
 from nmt_cli.datadir import DataDir
-from nmt_cli.device import out_of_memory
+from nmt_cli.device import out_of_memory, steps_between_reads
 from nmt_cli.epochs import EpochPlan, load_splits, same_updates
 from nmt_cli.errors import NmtError
 from nmt_cli.files import DirectoryLock, reason, remove_stale_temporaries
 from nmt_cli.generator import Generator
-from nmt_cli.kernels import steps_between_reads
 from nmt_cli.model import Transformer
 from nmt_cli.peers import rank_map
 from nmt_cli.pipeline import TextPipeline

@@ -11,13 +11,14 @@ from builders import run_translate as run
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
 
-from nmt_cli import generator, kernels
+from nmt_cli import generator
 from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import NmtError
-from nmt_cli.generator import Generator, quantize_int8
+from nmt_cli.generator import Generator
+from nmt_cli.kernels import quantize_int8
 from nmt_cli.translate import translate_lines
 from nmt_cli.vocab import BOS_ID, EOS_ID
 
@@ -95,10 +96,10 @@ def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):
 def test_quantize_int8_failure_of_torch_is_a_clear_error(model_path, monkeypatch):
     model = load_bundle(model_path).model
 
-    def unavailable(_model):
+    def unavailable(*args, **kwargs):
         raise ImportError("No module named 'torch.ao.quantization'")
 
-    monkeypatch.setattr(kernels, "quantize_int8", unavailable)
+    monkeypatch.setattr("torch.ao.quantization.quantize_dynamic", unavailable)
     with pytest.raises(NmtError, match=r"--quantize int8: this PyTorch cannot quantize on this CPU \(No module"):
         quantize_int8(model, torch.device("cpu"), torch.float32)
 

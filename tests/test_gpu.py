@@ -63,7 +63,7 @@ def test_training_on_the_gpu_prefetches_batches_into_page_locked_memory(tmp_path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_search_on_the_gpu_finds_the_cpus_hypotheses_and_rarely_waits(dtype):
     """The host waits for the GPU at a read of which sentences are done (every
-    kernels.steps_between_reads steps, and the batch's index after it), at the start and for the
+    device.steps_between_reads steps, and the batch's index after it), at the start and for the
     results, never at every step."""
     model = random_model(40, 3, scale=3.0)
     rows = [[4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 4], [5, 6], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]]

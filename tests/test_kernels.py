@@ -181,7 +181,7 @@ def test_a_shortlists_projection_equals_the_columns_of_the_whole(variant):
     for those columns alone: packed in float32, or the same int8 rows and scales."""
     model = tiny_model(seed=4, **({} if variant == "int8" else variant)).eval()
     if variant == "int8":
-        kernels.quantize_int8(model)
+        kernels.quantize_int8(model, torch.device("cpu"), torch.float32)
     elif model.output_projection.bias is not None:
         torch.nn.init.normal_(model.output_projection.bias)
     columns = torch.tensor([2, 3, 5, 8, 13, 21])

@@ -473,7 +473,7 @@ def test_compiled_update_compiles_once_per_batch_shape(tmp_path, monkeypatch):
 
 
 def test_losses_read_every_few_updates_give_the_same_run(tmp_path, monkeypatch):
-    """On a GPU the host reads the updates' losses every few updates (kernels.steps_between_reads),
+    """On a GPU the host reads the updates' losses every few updates (device.steps_between_reads),
     not after each: the same run as reading each (the CPU's), non-finite skips found at the read,
     also one in the middle of a window (the 2nd update), whose successors were queued before the
     host knew: their rates are those of the numbers they get, and no number serves twice."""

@@ -12,7 +12,7 @@ its operator table to FILE and adds `device_busy`: the GPU's kernel time over th
 that translation (the share of the search the GPU works). `--cuda-graphs` replays the decoder's
 steps as CUDA graphs (`nmt translate --cuda-graphs`); the warm-up then also captures the graphs of
 the first batch's shape. `--steps-between-reads N` overrides how often the search reads which
-sentences are done (`kernels.steps_between_reads`), to choose that number by measurement.
+sentences are done (`device.steps_between_reads`), to choose that number by measurement.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ SXM, 989 TFLOP/s):
   mfu_matmul: 6 x (encoder parameters x source tokens + (decoder parameters + V x d) x target
   tokens)/s, the matmul FLOPs an encoder-decoder really does (attention scores not counted).
 On a GPU it also counts the calls that made the host wait for the device in the timed updates
-(torch.cuda.set_sync_debug_mode): host_waits_per_update, 1 / kernels.steps_between_reads by design
+(torch.cuda.set_sync_debug_mode): host_waits_per_update, 1 / device.steps_between_reads by design
 (the updates' loss sums, read as `nmt train` reads them: every few updates, to log and to count
 the updates skipped on the device for a non-finite loss).
 
@@ -41,7 +41,7 @@ from common import HostWaits, wmt_like_pairs
 from nmt_cli.architecture import PRESETS, ModelConfig
 from nmt_cli.config import TrainConfig
 from nmt_cli.data import ParallelData, Prefetcher, length_buckets, padded_length, shapes_and_padding, token_batches
-from nmt_cli.kernels import steps_between_reads
+from nmt_cli.device import steps_between_reads
 from nmt_cli.model import Transformer, positional_encoding
 from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
 from nmt_cli.vocab import PAD_ID
