@@ -80,9 +80,10 @@ def score_lines(translator: Translator, lines: list[str], first_number: int, for
 
 def translate_stream(translator: Translator, config: TranslateConfig, source: IO[bytes], source_name: str,
                      out: IO[str], progress: bool = False, total: int | None = None) -> int:
-    """Translate every line of `source` as `config` says and write each output line to `out`; returns the line
-    count. From a pipe or a terminal, what has arrived is translated whenever the input pauses, and
-    each chunk's lines are flushed: a program that writes a line and waits for it is answered.
+    """Translate every line of `source` as `config` says and write each output line to `out`;
+    returns the line count. From a pipe or a terminal, what has arrived is translated whenever the
+    input pauses, and each chunk's lines are flushed: a program that writes a line and waits for it
+    is answered.
     With `progress` on a terminal, a bar of the lines (of `total`, with an ETA, when known)."""
     from tqdm import tqdm
 
