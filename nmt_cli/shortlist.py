@@ -96,8 +96,9 @@ class Shortlist:
                            "(a truncated or altered file)")
         candidates = np.full((size, best), -1, dtype=np.int64)
         for number, row in enumerate(rows, start=3):
-            ids = [int(t) for t in row.split() if t.isdigit()]
-            if len(ids) != len(row.split()) or len(ids) > best or any(t >= target_size for t in ids):
+            tokens = row.split()
+            ids = [int(t) for t in tokens if t.isdigit()]
+            if len(ids) != len(tokens) or len(ids) > best or any(t >= target_size for t in ids):
                 raise NmtError(f"{path}:{number}: more than {best} candidates, or an id outside the target "
                                "vocabulary")
             candidates[number - 3, :len(ids)] = ids

@@ -66,6 +66,16 @@ def run(translator: Translator, lines: list[str], references: list[str]) -> tupl
     return len(lines) / seconds, sacrebleu.corpus_bleu(outputs, [references]).score, outputs
 
 
+def measured(model: str, shortlist: Path | None, batch_size: int, search: dict, lines: list[str],
+             references: list[str], plain_bleu: float) -> dict:
+    """lines/s and BLEU of `model` with `shortlist` in batches of `batch_size` sentences (0: by
+    tokens alone), and the BLEU's change from the plain run's."""
+    translator = Translator.load(model, device="cpu", shortlist=shortlist, batch_size=batch_size or None, **search)
+    translator.translate(lines[:50])  # warm up
+    speed, bleu, _ = run(translator, lines, references)
+    return {"lines_per_s": round(speed, 2), "bleu": round(bleu, 2), "bleu_change": round(bleu - plain_bleu, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-m", "--model", required=True)
@@ -90,6 +100,9 @@ def main() -> None:
     base = {"benchmark": "shortlist", "model": args.model, "lines": len(lines), "threads": args.threads, **search}
     print(json.dumps({**base, "run": "plain", "lines_per_s": round(speed, 2), "bleu": round(bleu, 2)}), flush=True)
     speeds, results = [speed], []
+    for batch_size in filter(None, args.batch_size):  # the plain runs at each batch size, once
+        results.append({**base, "run": "plain", "batch_size": batch_size,
+                        **measured(args.model, None, batch_size, search, lines, references, bleu)})
     with tempfile.TemporaryDirectory() as tmp:
         for best in args.best:
             for method in args.methods:
@@ -99,18 +112,12 @@ def main() -> None:
                 learned = time.perf_counter() - start
                 path = Path(tmp) / f"{method}-{best}.txt"
                 shortlist.save(path)
-                for batch_size, listed in [(size, listed) for size in args.batch_size
-                                           for listed in ((None, path) if size else (path,))]:
-                    translator = Translator.load(args.model, device="cpu", shortlist=listed,
-                                                 batch_size=batch_size or None, **search)
-                    translator.translate(lines[:50])
-                    listed_speed, listed_bleu, _ = run(translator, lines, references)
-                    columns = len(shortlist.columns(translator.source_ids(line) for line in lines[:64]))
-                    what = f"{method} first {args.first} best {best}" if listed else "plain"
-                    results.append({**base, "run": what, "batch_size": batch_size or None,
-                                    "lines_per_s": round(listed_speed, 2), "bleu": round(listed_bleu, 2),
-                                    "bleu_change": round(listed_bleu - bleu, 2), "learn_s": round(learned, 1),
-                                    "columns_of_64_lines": columns})
+                columns = len(shortlist.columns(plain.source_ids(line) for line in lines[:64]))
+                for batch_size in args.batch_size:
+                    results.append({**base, "run": f"{method} first {args.first} best {best}",
+                                    "batch_size": batch_size or None, "learn_s": round(learned, 1),
+                                    "columns_of_64_lines": columns,
+                                    **measured(args.model, path, batch_size, search, lines, references, bleu)})
     speed, _, _ = run(plain, lines, references)
     speeds.append(speed)
     print(json.dumps({**base, "run": "plain again", "lines_per_s": round(speed, 2)}), flush=True)
