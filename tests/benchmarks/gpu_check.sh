@@ -10,8 +10,10 @@
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
 #     call keeps a call within a 10-minute limit: "base" in a second call), then decodes
 #     test_2016_flickr in fp32 and bf16 without and with --cuda-graphs, with graphs also reading the
-#     search's state every 1, 4 and 16 steps, checks that graphs give the same lines (graph_check.py),
+#     search's state every READS (1 4 16; empty: none) steps, checks that graphs give the same lines (graph_check.py),
 #     and times `nmt translate` of 100 lines on the GPU (without and with graphs) and the CPU
+#     (ROUNDS: 3 each)
+#   COMPILE_TIMEOUT=300   seconds for each arch of the compile stage
 #   QUICKSTART_MINUTES=10   the quickstart stage: data/quickstart.sh (the README's main job) on the GPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,7 +44,7 @@ if [[ $STAGES == *tests* ]]; then
 fi
 if [[ $STAGES == *compile* ]]; then
     for arch in ${COMPILE_ARCHS:-base big}; do
-        timeout 300 python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --baseline 2>>"$OUT/stderr.txt" \
+        timeout ${COMPILE_TIMEOUT:-300} python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --baseline 2>>"$OUT/stderr.txt" \
             | tee -a "$OUT/gpu_speed.jsonl"
     done
 fi
@@ -71,7 +73,7 @@ if [[ $STAGES == *decode* ]]; then
                     | tee -a "$OUT/decode_speed.jsonl"
             done
         done
-        for reads in 1 4 16; do  # how often the search reads which sentences are done (8 by default)
+        for reads in ${READS-1 4 16}; do  # how often the search reads which sentences are done (8 by default)
             timeout 120 python3 tests/benchmarks/decode_speed.py -m "$work/$arch/checkpoint_last.pt" --device cuda \
                 --precision bf16 --cuda-graphs --steps-between-reads $reads 2>>"$OUT/stderr.txt" \
                 | tee -a "$OUT/decode_speed.jsonl"
@@ -80,7 +82,7 @@ if [[ $STAGES == *decode* ]]; then
             --precision bf16 2>>"$OUT/stderr.txt" | tee -a "$OUT/graph_check.jsonl"
         for device in "cuda" "cuda --cuda-graphs" "cpu"; do
             timeout 120 python3 tests/benchmarks/translate_startup.py -m "$work/$arch/checkpoint_last.pt" \
-                --device $device 2>>"$OUT/stderr.txt" | tee -a "$OUT/translate_startup.jsonl"
+                --rounds ${ROUNDS:-3} --device $device 2>>"$OUT/stderr.txt" | tee -a "$OUT/translate_startup.jsonl"
         done
     done
     rm -rf "$work"
