@@ -36,7 +36,7 @@ class OutputControls:
         next token; `output` (rows, step) holds the rows' target tokens so far."""
         if self.repetition_penalty != 1.0 and output.size(1):
             lp.scatter_(1, output, lp.gather(1, output) * self.repetition_penalty)
-        lp[:, self.banned] = -math.inf
+        lp.index_fill_(1, self.banned, -math.inf)  # not `lp[:, banned] = x`: on a GPU, a copy from the host
         if step < self.min_len:
             lp[:, self.eos] = -math.inf
         n = self.no_repeat_ngram_size

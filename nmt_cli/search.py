@@ -110,7 +110,7 @@ class Finished:
         log_probs = log_probs.double()
         self.score.index_put_(where, log_probs / penalty)
         self.log_prob.index_put_(where, log_probs)
-        self.length[where] = tokens.size(2)
+        self.length.index_put_(where, slot.new_full((), tokens.size(2)))  # not `= int`: a copy from the host
         self.tokens[:, :, : tokens.size(2)].index_put_(where, tokens)
         if short is not None:
             self.short.index_put_(where, short)

@@ -27,13 +27,15 @@ def cpu_unless_marked_gpu():
     """The suite's oracles are the CPU's (CI has no GPU): on a machine with one, device auto means
     the CPU in every test but those marked `gpu` (test_gpu.py, the cuda cases), in this process
     and in the processes it starts. CUDA starts here first, while the GPU is visible, so that the
-    `gpu` tests of this process have it."""
+    `gpu` tests of this process have it, and counts the devices then: torch caches the first count
+    after CUDA starts, which would be 0 if a CPU test asked first."""
     import torch
 
     if not torch.cuda.is_available():
         yield
         return
     torch.cuda.init()
+    torch.cuda.device_count()
     GPU.update(is_available=torch.cuda.is_available, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: False)

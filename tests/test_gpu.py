@@ -13,7 +13,7 @@ import torch
 from builders import LEARNER, LEARNER_RECIPE, random_model, run_training, sources
 from builders import TRAIN_TINY as TINY
 from click.testing import CliRunner
-from conftest import synthetic_data_dir
+from conftest import request, serving, synthetic_data_dir
 
 from nmt_cli import checkpoint as ckpt
 from nmt_cli import kernels
@@ -156,10 +156,8 @@ def test_translate_on_the_gpu_with_every_search_option(tmp_path):
 
 
 def test_serve_on_the_gpu_answers_as_the_cpu_translates(tmp_path):
-    from test_serve import request, start
-
     model, lines = copier(tmp_path)
-    _, url, process = start(tmp_path, model=model, device="cuda")
+    _, url, process = serving(tmp_path, model=model, device="cuda")
     try:
         status, answer = request(url + "/translate", {"text": lines, "beam": 4})
     finally:

@@ -326,18 +326,25 @@ SYNCING_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.d
 def steps_and_reads(monkeypatch, models, run):
     """The events of `run()`, in order: "step" for each step of the search (a call of
     `models.top_tokens`), "read" for each read back to the host (tolist, item, bool, nonzero,
-    boolean indexing), the reads that make the host wait for a GPU."""
+    boolean indexing) and each `x[index] = 0.5` (on a GPU, torch makes the value in host memory
+    and copies it), the calls that make the host wait for a GPU. (Filling a slice, `x[:, 0] = 0.5`,
+    copies nothing.)"""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    events = []
+    events, from_python = [], {}  # id: tensor, held so that no other tensor takes its id
 
     class Reads(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             masks = func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool
                                                                 for i in args[1])
-            if func in SYNCING_OPS or masks:
+            copied = func in (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default) \
+                and id(args[2]) in from_python
+            if func in SYNCING_OPS or masks or copied:
                 events.append("read")
-            return func(*args, **(kwargs or {}))
+            result = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.lift_fresh.default:
+                from_python[id(result)] = result
+            return result
 
     tolist, top_tokens = torch.Tensor.tolist, models.top_tokens
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: events.append("read") or tolist(self))

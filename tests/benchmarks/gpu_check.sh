@@ -5,6 +5,7 @@
 #   WHEELS=DIR   wheels to install first (subword-nmt, sacremoses, ... where the machine lacks them:
 #     gpu_carry.sh puts them and the data in .gpu/)
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
+#   TESTS="tests/test_gpu.py ..."   the tests stage runs these only (default: the whole suite)
 #   STAGES="tests speed compile buckets decode quickstart"   which parts to run (default: tests speed compile);
 #     one or two per call keep a call within a 10-minute limit (buckets: one of COMPILE_ARCHS per call)
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
@@ -36,10 +37,12 @@ if [[ $STAGES == *speed* ]]; then
             2>>"$OUT/stderr.txt" | tee -a "$OUT/gpu_speed.jsonl"
     done
 fi
+mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m nmt_cli "$@"\n' > /tmp/bin/nmt && chmod +x /tmp/bin/nmt
+export PATH=/tmp/bin:$PATH  # `nmt`, as the README's commands and data/*.sh call it (the package is not installed)
 if [[ $STAGES == *tests* ]]; then
     # one thread a worker, 14 workers on 16 cores; each failure written to failures.txt as it happens
     OMP_NUM_THREADS=1 NMT_TEST_FAILURES="$OUT/failures.txt" timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q \
-        -n ${TEST_WORKERS:-14} -p no:cacheprovider --tb=short > "$OUT/pytest.txt" 2>&1
+        -n ${TEST_WORKERS:-14} -p no:cacheprovider --tb=short ${TESTS:-} > "$OUT/pytest.txt" 2>&1
     tail -25 "$OUT/pytest.txt"
 fi
 if [[ $STAGES == *compile* ]]; then
@@ -88,9 +91,8 @@ if [[ $STAGES == *decode* ]]; then
     rm -rf "$work"
 fi
 if [[ $STAGES == *quickstart* ]]; then  # the README's main job on the GPU for QUICKSTART_MINUTES (10)
-    mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m nmt_cli "$@"\n' > /tmp/bin/nmt && chmod +x /tmp/bin/nmt
     work=$(mktemp -d)
-    PATH=/tmp/bin:$PATH MULTI30K_DIR=$NMT_SHARED_DATA/multi30k WORK=$work DEVICE=cuda \
+    MULTI30K_DIR=$NMT_SHARED_DATA/multi30k WORK=$work DEVICE=cuda \
         MINUTES=${QUICKSTART_MINUTES:-10} timeout $((${QUICKSTART_MINUTES:-10} * 60 + 150)) bash data/quickstart.sh \
         > "$OUT/quickstart.txt" 2>>"$OUT/stderr.txt"
     tail -1 "$OUT/quickstart.txt"
