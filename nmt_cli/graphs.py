@@ -21,11 +21,12 @@ from nmt_cli.decoding import start, step_output
 from nmt_cli.model import Transformer
 
 
-def capture(step: Callable[[], Tensor], device: torch.device) -> Callable[[], Tensor]:
+def capture(step: Callable[[], Tensor], device: torch.device, pool: tuple[int, int] | None) -> Callable[[], Tensor]:
     """A callable that runs `step` again, on whatever its tensors then hold: on CUDA, `step`'s
-    kernels recorded once as a CUDA graph and replayed (one launch instead of one per kernel); on
-    the CPU, `step` itself. `step` must read and write only tensors that outlive it, read
-    nothing back to the host, and return the same tensor each time (it is overwritten)."""
+    kernels recorded once as a CUDA graph into memory `pool` and replayed (one launch instead of
+    one per kernel); on the CPU, `step` itself. `step` must read and write only tensors that
+    outlive it, read nothing back to the host, and return the same tensor each time (it is
+    overwritten)."""
     if device.type != "cuda":
         return step
     side = torch.cuda.Stream(device)
@@ -34,7 +35,7 @@ def capture(step: Callable[[], Tensor], device: torch.device) -> Callable[[], Te
         step()  # lazy initialisations (cuBLAS workspaces) happen here, not in the capture
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_graph_pool(device)):
+    with torch.cuda.graph(graph, pool=pool):
         out = step()
 
     def replay() -> Tensor:
@@ -42,17 +43,6 @@ def capture(step: Callable[[], Tensor], device: torch.device) -> Callable[[], Te
         return out
 
     return replay
-
-
-def _graph_pool(device: torch.device) -> tuple[int, int]:
-    """One memory pool for every graph of the process: graphs replay one at a time, on one stream,
-    and each keeps its output alive, so their temporaries can share memory."""
-    if device not in _POOLS:
-        _POOLS[device] = torch.cuda.graph_pool_handle()
-    return _POOLS[device]
-
-
-_POOLS: dict[torch.device, tuple[int, int]] = {}
 
 
 class StaticCache:
@@ -89,7 +79,8 @@ class StaticDecoder:
     search, leaves slots unused (they repeat the first sentence); the search reads the first
     rows. It is the step's `decoding.DecoderState`."""
 
-    def __init__(self, model: Transformer, sentences: int, beam: int, src_len: int, length: int) -> None:
+    def __init__(self, model: Transformer, sentences: int, beam: int, src_len: int, length: int,
+                 pool: tuple[int, int] | None = None) -> None:
         config, weight = model.config, model.tgt_embed.tokens.weight
         device, dtype, rows = weight.device, weight.dtype, sentences * beam
         self.model, self.sentences = model, sentences
@@ -103,7 +94,7 @@ class StaticDecoder:
         self.caches = [StaticCache(self.rows, config.heads, length, config.d_k, config.d_v, self.position, dtype)
                        for _ in range(config.decoder_layers)]
         self.parity = 0
-        self.replays = [capture(lambda parity=parity: self._step(parity), device) for parity in (0, 1)]
+        self.replays = [capture(lambda parity=parity: self._step(parity), device, pool) for parity in (0, 1)]
 
     def _step(self, parity: int) -> Tensor:
         for cache in self.caches:
@@ -154,13 +145,15 @@ class DecoderGraphs:
     """A model's search steps on `StaticDecoder`s, one per shape: sentence slots a power of two,
     source keys and positions multiples of 16, so that batches of similar size share one. The
     most recently used are kept: at most `KEEP`, and on a GPU together at most a quarter of its
-    memory (a decoder holds two caches of its largest batch, padded: the eager search's one grows)."""
+    memory (a decoder holds two caches of its largest batch, padded: the eager search's one grows).
+    Their graphs share one memory pool (they replay one at a time, on one stream)."""
 
     KEEP = 4
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.decoders: dict[Shape, StaticDecoder] = {}
+        self.pool: tuple[int, int] | None = None
         device = model.tgt_embed.tokens.weight.device
         self.budget = torch.cuda.get_device_properties(device).total_memory // 4 if device.type == "cuda" else None
 
@@ -173,10 +166,17 @@ class DecoderGraphs:
         decoder = self.decoders.pop(shape, None)
         if decoder is None:
             self._make_room(self.size(shape))
-            decoder = StaticDecoder(self.model, *shape)
+            decoder = StaticDecoder(self.model, *shape, self._pool(src.device))
         self.decoders[shape] = decoder  # the most recent last
         decoder.start(state.memory_kv, state.src_mask)
         return decoder
+
+    def _pool(self, device: torch.device) -> tuple[int, int] | None:
+        """The graphs' memory pool. Once the last graph of a pool is gone, torch has released the
+        pool and no graph can be captured into it again: with no decoder left, a new pool."""
+        if device.type == "cuda" and (self.pool is None or not self.decoders):
+            self.pool = torch.cuda.graph_pool_handle()
+        return self.pool
 
     def size(self, shape: Shape) -> int:
         """Bytes of a decoder's buffers: encoder keys/values and two caches per layer."""

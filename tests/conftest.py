@@ -196,7 +196,7 @@ def block_import(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
 HOST_READS = ("_local_scalar_dense", "nonzero", "equal", "is_nonzero", "masked_select")
 
 
-def replayed(step, device=None):
+def replayed(step, device=None, pool=None):
     """A CUDA graph emulated on the CPU, to test code meant for `graphs.capture`: `step` runs
     once (as capture's warm-up does) while every aten operation it makes is recorded, and the
     callable returned replays those operations, and only those: a Python value (a shape, an

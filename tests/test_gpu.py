@@ -111,6 +111,22 @@ def test_the_search_replayed_as_cuda_graphs_finds_the_eager_hypotheses(dtype):
     assert replays and all(replay.__name__ == "replay" for replay in replays)  # captured, not run eagerly
 
 
+def test_graphs_are_captured_again_after_earlier_ones_are_gone():
+    """Once all graphs of a memory pool are gone torch releases the pool, and capturing into it
+    again fails: a search with graphs after another's were dropped (release_graphs, as the
+    out-of-memory halving does) or garbage-collected (a second Translator in one process)."""
+    model = kernels.use_fast_paths(random_model(40, 3, scale=3.0)).to("cuda")
+    config = SearchConfig(beam=4, max_len_a=1.0, max_len_b=5)
+    src = sources([[4, 5, 6], [7, 8]], 40).cuda()
+    expected = beam_search(Ensemble([model]), src, config)
+    for _ in range(2):
+        graphed = Ensemble([model], graphs=True)
+        assert [s[0].tokens for s in beam_search(graphed, src, config)] == [s[0].tokens for s in expected]
+        graphed.release_graphs()
+        assert [s[0].tokens for s in beam_search(graphed, src, config)] == [s[0].tokens for s in expected]
+        del graphed
+
+
 def translate_cli(model, lines, *options):
     result = CliRunner().invoke(main, ["translate", "-m", str(model), *map(str, options)],
                                 input="\n".join(lines) + "\n")
