@@ -184,14 +184,14 @@ class LossSums(torch.nn.Module):
 
 
 def compiled(net: torch.nn.Module, length_buckets: int, mode: str) -> torch.nn.Module:
-    """torch.compile(net, mode=mode). With length buckets, one graph per batch shape
-    (dynamic=False: static shapes, the ones CUDA graphs need), and room in dynamo's cache for all
-    2N of them, which would otherwise fall back to eager after its 8th."""
+    """torch.compile(net, mode=mode). With length buckets, one static graph per batch shape (as
+    CUDA graphs need) and room in dynamo's cache for all 2N; without, one dynamic graph for all
+    shapes from the start (the parameters' stay static), not a static one for the first."""
     if length_buckets:
         import torch._dynamo.config as dynamo
 
         dynamo.recompile_limit = max(dynamo.recompile_limit, 2 * length_buckets)
-    return torch.compile(net, mode=mode, dynamic=False if length_buckets else None)
+    return torch.compile(net, mode=mode, dynamic=not length_buckets)
 
 
 class Trainer:

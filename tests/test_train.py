@@ -472,6 +472,22 @@ def test_compiled_update_compiles_once_per_batch_shape(tmp_path, monkeypatch):
     assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+@pytest.mark.slow
+def test_a_compiled_update_without_buckets_compiles_once_for_every_shape(tmp_path, monkeypatch):
+    """--compile without --length-buckets: the batches' sizes are marked dynamic, so dynamo
+    compiles one graph for all of them rather than one for the first shape and then another."""
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda net, **options: real_compile(net, backend="aot_eager", **options))
+    torch._dynamo.reset()
+    counters.clear()
+    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", TINY, max_updates=6, compile=True)
+    run.run()
+    assert len({tuple(run.train.collate(b, 1).src.shape) for b in run.batches[:6]}) > 1
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+
+
 def test_losses_read_every_few_updates_give_the_same_run(tmp_path, monkeypatch):
     """On a GPU the host reads the updates' losses every few updates (device.steps_between_reads),
     not after each: the same run as reading each (the CPU's), non-finite skips found at the read,
