@@ -14,7 +14,7 @@
 # Settings: TEACHER (a checkpoint: required), TEACHER_DATA (its data directory: default
 # runs/quickstart/data), RAW (the raw corpus, RAW/{train,val,test_2016_flickr}.{en,de}: default
 # runs/quickstart/raw), WORK (default runs/distill), MINUTES (default 30), THREADS, PRECISION (the
-# student's training: default fp32, which gave the better student on 2 CPU cores: PERFORMANCE.md), NBEST,
+# student's training: default fastest, measured at each start: PERFORMANCE.md), NBEST,
 # SPOT_CHECK (default 20), STUDENT_ARCH (default student), TRAIN_ARGS (more `nmt train` flags),
 # SHORTLIST_ARGS (default "--first 100 --best 10"), LENPEN (the test set's: default 1.5, the
 # quickstart's), SRC and TGT (default en, de).
@@ -28,7 +28,7 @@ WORK=${WORK:-runs/distill}
 MINUTES=${MINUTES:-30}
 THREADS=${THREADS:-$(nproc)}
 SPOT_CHECK=${SPOT_CHECK:-20}
-PRECISION=${PRECISION:-fp32}
+PRECISION=${PRECISION:-fastest}
 SRC=${SRC:-en}
 TGT=${TGT:-de}
 mkdir -p "$WORK/distilled"

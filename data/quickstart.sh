@@ -8,15 +8,16 @@
 #      for this small corpus, data/quickstart.yaml (measured in tests/benchmarks/quality_multi30k.py): batches of 1,024
 #      tokens, a rate rising to 1.5e-3 over 200 warmup updates, then falling linearly to 0 at the end of
 #      the MINUTES, dropout 0.1 on the attention weights and after the FFN's ReLU too (the
-#      residual dropout alone lets this model overfit Multi30k in 13 epochs), in bf16 where the
-#      hardware multiplies bf16 (a CPU with AVX512-BF16 or AMX, a GPU), else fp32; the paper's
-#      values stay the defaults of the base/big presets.
+#      residual dropout alone lets this model overfit Multi30k in 13 epochs), in fp32 or bf16,
+#      whichever trained faster in a few updates on this machine (--precision fastest: bf16 is 1.5x
+#      faster on some CPUs with AVX512-BF16, 1.7x slower on others); the paper's values stay the
+#      defaults of the base/big presets.
 #   4. nmt average-checkpoints: the last 5 (§6.1)
 #   5. nmt translate: test_2016_flickr with beam 4 (§6.1) and length penalty 1.5: this small model's
 #      outputs are short at the paper's 0.6 (1.5 chosen on val, tests/benchmarks/PERFORMANCE.md)
 #   6. nmt score: sacreBLEU with its signature
 # Settings: MINUTES, WORK (default runs/quickstart), THREADS (default: all cores), DEVICE (auto),
-# PRECISION (training's: default bf16 where the hardware multiplies it, else fp32),
+# PRECISION (training's: default fastest, measured at each start),
 # SAVE_EVERY (minutes between checkpoints), KEEP_LAST (numbered checkpoints kept; 0 = all),
 # TRAIN_ARGS (more `nmt train` flags, e.g. "--ema-decay 0.999"), SUBWORD_ARGS (the subwords:
 # default "--bpe-merges 8000"; e.g. "--subword sentencepiece --vocab-size 8000"), TRAINPREF (the training
@@ -28,7 +29,7 @@ MINUTES=${MINUTES:-30}
 WORK=${WORK:-runs/quickstart}
 THREADS=${THREADS:-$(nproc)}
 DEVICE=${DEVICE:-auto}
-PRECISION=${PRECISION:-$(python3 -c "from nmt_cli.device import native_bf16; print('bf16' if native_bf16('$DEVICE') else 'fp32')")}
+PRECISION=${PRECISION:-fastest}
 raw=$WORK/raw
 
 bash data/get_multi30k.sh "$raw"

@@ -37,8 +37,8 @@ def device_knob() -> Any:
 
 
 def precision_knob() -> Any:
-    return knob("auto", "auto: bf16 on a CUDA GPU that supports it, else fp32. bf16 runs on a CPU too, fast "
-                "where it has AVX512-BF16 or AMX; fp16 needs CUDA.", choices=PRECISIONS)
+    return knob("auto", "auto: bf16 on a CUDA GPU that supports it, else fp32. bf16 runs on a CPU too, faster "
+                "than fp32 on some with AVX512-BF16 or AMX, slower on others; fp16 needs CUDA.", choices=PRECISIONS)
 
 
 def threads_knob() -> Any:
@@ -145,7 +145,9 @@ class TrainConfig(Options):
                              "0.9999; 0: off): validated, and saved as checkpoint_ema.pt.", min=0.0, max=1.0,
                              exclusive_max=True)
     seed: int = knob(1, "Seed of initialization, dropout and batch order.", min=0, max=SEED_MAX)
-    precision: str = precision_knob()
+    precision: str = knob("auto", precision_knob().metadata["help"] + " fastest: where the hardware multiplies "
+                          "bf16, the faster of fp32 and bf16 over a few updates of this model on this data.",
+                          choices=(*PRECISIONS, "fastest"))
     device: str = device_knob()
     compile: bool = knob(False, "torch.compile the model and its loss (forward and backward).")
     compile_mode: str = knob("default", "torch.compile's mode; reduce-overhead also replays each compiled graph as "

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -690,3 +691,36 @@ def test_a_run_saved_in_format_version_1_resumes(tmp_path):
     assert resumed["progress"]["updates"] == 20 and resumed["format_version"] == 2
     assert all(state["step"] == 20 for state in resumed["optimizer"]["state"].values())  # Adam's state went on
     assert any(not torch.equal(before[name], p) for name, p in run.model.named_parameters())
+
+
+@pytest.mark.parametrize("slower", ["fp32", "bf16"])
+def test_precision_fastest_trains_in_the_precision_measured_faster(tmp_path, monkeypatch, capsys, slower):
+    """--precision fastest times a short run in fp32 and in bf16 (where the hardware multiplies
+    bf16) and trains in the faster; here the slower one is made slower, whatever this CPU does."""
+    monkeypatch.setattr(train, "native_bf16", lambda device: True)
+    update, dtypes = trainer.Trainer.update, []
+
+    def timed_update(self, *args, **kwargs):
+        dtypes.append(self.runtime.dtype)
+        if self.runtime.dtype == device.DTYPES[slower]:
+            time.sleep(0.05)
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.Trainer, "update", timed_update)
+    run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", max_updates=3, precision="fastest")
+    faster = {"fp32": "bf16", "bf16": "fp32"}[slower]
+    assert run.config.precision == faster and run.runtime.dtype == device.DTYPES[faster]
+    assert f"training in {faster}" in capsys.readouterr().err
+    run.run()
+    assert ckpt.load(tmp_path / "ck/checkpoint_last.pt")["train_config"]["precision"] == faster
+    probes = 2 * train.PROBE_UPDATES
+    assert dtypes == [torch.float32] * probes + [torch.bfloat16] * probes + [device.DTYPES[faster]] * 3
+
+
+def test_precision_fastest_is_fp32_without_bf16_hardware_and_refused_under_torchrun(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "native_bf16", lambda device: False)
+    data = synthetic_data_dir(tmp_path)
+    assert run_training(data, tmp_path / "ck", max_updates=1, precision="fastest").runtime.dtype == torch.float32
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(NmtError, match="--precision fastest measures in one process"):
+        run_training(data, tmp_path / "ck2", max_updates=1, precision="fastest")
