@@ -134,7 +134,8 @@ class EmulatedReads:
             setattr(torch.Tensor, name, method)
 
 
-def free_replay(step: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+def free_replay(step: Callable[[], torch.Tensor], device: torch.device,
+                pool: object = None) -> Callable[[], torch.Tensor]:
     """graphs.capture as the host sees a CUDA graph: the step runs once (the capture), and a replay
     costs nothing."""
     out = step()
