@@ -36,9 +36,12 @@ def device_knob() -> Any:
     return knob("auto", "auto, cpu, cuda, cuda:N or mps (Apple GPU); auto: CUDA when available.", pattern=DEVICE)
 
 
+PRECISION_HELP = ("auto: bf16 on a CUDA GPU that supports it, else fp32. bf16 runs on a CPU too, faster than fp32 "
+                  "on some with AVX512-BF16 or AMX, slower on others; fp16 needs CUDA.")
+
+
 def precision_knob() -> Any:
-    return knob("auto", "auto: bf16 on a CUDA GPU that supports it, else fp32. bf16 runs on a CPU too, faster "
-                "than fp32 on some with AVX512-BF16 or AMX, slower on others; fp16 needs CUDA.", choices=PRECISIONS)
+    return knob("auto", PRECISION_HELP, choices=PRECISIONS)
 
 
 def threads_knob() -> Any:
@@ -145,8 +148,8 @@ class TrainConfig(Options):
                              "0.9999; 0: off): validated, and saved as checkpoint_ema.pt.", min=0.0, max=1.0,
                              exclusive_max=True)
     seed: int = knob(1, "Seed of initialization, dropout and batch order.", min=0, max=SEED_MAX)
-    precision: str = knob("auto", precision_knob().metadata["help"] + " fastest: where the hardware multiplies "
-                          "bf16, the faster of fp32 and bf16 over a few updates of this model on this data.",
+    precision: str = knob("auto", PRECISION_HELP + " fastest: where the hardware multiplies bf16, the faster of "
+                          "fp32 and bf16 over a few updates of this model on this data.",
                           choices=(*PRECISIONS, "fastest"))
     device: str = device_knob()
     compile: bool = knob(False, "torch.compile the model and its loss (forward and backward).")

@@ -80,7 +80,7 @@ class StaticDecoder:
     rows. It is the step's `decoding.DecoderState`."""
 
     def __init__(self, model: Transformer, sentences: int, beam: int, src_len: int, length: int,
-                 pool: tuple[int, int] | None = None) -> None:
+                 pool: tuple[int, int] | None) -> None:
         config, weight = model.config, model.tgt_embed.tokens.weight
         device, dtype, rows = weight.device, weight.dtype, sentences * beam
         self.model, self.sentences = model, sentences

@@ -142,7 +142,8 @@ def fastest_precision(data_dir: Path, model_config: ModelConfig, config: TrainCo
     speed = {}
     for precision in ("fp32", "bf16"):
         probe = dataclasses.replace(config, precision=precision, max_updates=2 * PROBE_UPDATES, max_time=None,
-                                    max_epochs=None, log_interval=PROBE_UPDATES, tensorboard=False)
+                                    max_epochs=None, log_interval=PROBE_UPDATES, tensorboard=False,
+                                    eval_bleu=False, best_checkpoint_metric="ppl")  # no translating to time
         with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):
             TrainingRun(data_dir, Path(scratch), model_config, probe, progress_bar=False).run()
             log = [json.loads(line) for line in (Path(scratch) / "train_log.jsonl").read_text().splitlines()]

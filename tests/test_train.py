@@ -475,8 +475,8 @@ def test_compiled_update_compiles_once_per_batch_shape(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_compiled_update_without_buckets_compiles_once_for_every_shape(tmp_path, monkeypatch):
-    """--compile without --length-buckets: the batches' sizes are marked dynamic, so dynamo
-    compiles one graph for all of them rather than one for the first shape and then another."""
+    """--compile without --length-buckets compiles dynamically from the start: one graph for all
+    the batches' shapes rather than one for the first shape and then another."""
     from torch._dynamo.utils import counters
 
     real_compile = torch.compile
