@@ -77,6 +77,11 @@ class SearchConfig(Options):
     repetition_penalty: float = knob(1.0, "Multiply the log-probability of a token already in the output by this "
                                      "(above 1: fewer repeats; as transformers' beam search does).", min=0.0,
                                      exclusive_min=True, max=100.0)
+    plain_first: bool = knob(False, "With phrases to hold or avoid: search each line without them first and keep "
+                             "that translation where it already holds its phrases and none to avoid; search only the "
+                             "others with them. A phrase a translation holds anyway then changes nothing, at up to "
+                             "the two searches' time where most translations lack theirs.", only_if=(
+                                 lambda c: not c.sampling and c.nbest == 1, "to beam search with --nbest 1"))
     sampling: bool = knob(False, "Sample each token instead of searching (back-translation); --nbest N gives N "
                            "independent samples.")
     sampling_topk: int | None = knob(None, "With --sampling: only among the K most probable tokens.", min=1,

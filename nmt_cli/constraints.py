@@ -14,12 +14,14 @@ from the fullest bank down, then the second best of each, and so on (`Terms.choo
 hypothesis cannot end (</s> is banned) before it holds every phrase; at the length limit it ends
 anyway, and ranks after those that hold them (search.Finished). A phrase to avoid has its last
 token banned wherever the output so far ends with the rest of it (a one-token phrase: everywhere).
+Sharing the beam can change an output that held its phrases anyway: `holds` is the check by which
+--plain-first keeps such an output and searches only the others with their phrases (generator.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import torch
@@ -158,6 +160,18 @@ class Terms:
         whole = ends.gather(-1, (self.length[sentences] - 1).clamp(min=0)[:, None, :, None].expand(
             *ends.shape[:-1], 1)).squeeze(-1)
         return done | (whole & (self.length[sentences].unsqueeze(1) > 0)), ends
+
+
+def holds(output: Sequence[int], include: Sequence[Sequence[int]], avoid: Sequence[Sequence[int]],
+          joining: Collection[int]) -> bool:
+    """Whether `output` (target ids) is what a search with these phrases asks for: every phrase to
+    `include` in it, beginning where a word does (after no `joining` id), and no phrase to `avoid`."""
+    def at(phrase: Sequence[int]) -> list[int]:
+        n = len(phrase)
+        return [i for i in range(len(output) - n + 1) if list(output[i:i + n]) == list(phrase)]
+
+    begins_word = [True] + [token not in joining for token in output]
+    return all(any(begins_word[i] for i in at(p)) for p in include if p) and not any(at(p) for p in avoid if p)
 
 
 def _same_count(avoid: Sequence[Sequence[Sequence[int]]]) -> list[list[Sequence[int]]]:

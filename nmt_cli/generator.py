@@ -6,6 +6,7 @@ through a Generator; text is pipeline.py's business."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import secrets
@@ -16,7 +17,7 @@ import torch
 
 from nmt_cli import kernels
 from nmt_cli.config import SearchConfig
-from nmt_cli.constraints import Phrases, Terms
+from nmt_cli.constraints import Phrases, Terms, holds
 from nmt_cli.data import pad
 from nmt_cli.device import out_of_memory
 from nmt_cli.ensemble import Ensemble, averaged
@@ -50,6 +51,7 @@ class Generator:
         self.device, self.max_tokens, self.batch_size, self.warn = device, max_tokens, batch_size, warn
         self.shortlist = shortlist
         self.models = Ensemble(models, graphs=graphs, never=never)
+        self.joining_ids = frozenset(joining)
         self.joining = torch.zeros(self.models.vocab_size, dtype=torch.bool, device=device)
         self.joining[list(joining)] = True
         self.rng = torch.Generator(device)
@@ -69,6 +71,8 @@ class Generator:
         prefix when given and holding its `terms` (constraints.py), in the order of `sources`.
         Samples are drawn from `rng` (a call's own `stream`), else continue the random stream
         seeded at construction."""
+        if terms is not None and config.plain_first:
+            return self._plain_first(sources, config, prefixes, terms)
         if config.sampling and rng is None and self.seed is None:
             self.seed = secrets.randbelow(2**31)
             self.rng.manual_seed(self.seed)
@@ -83,6 +87,23 @@ class Generator:
                                                                           "tokens")):
                 results[i] = hyps
         return results
+
+    def _plain_first(self, sources: list[list[int]], config: SearchConfig, prefixes: list[list[int]] | None,
+                     terms: Phrases) -> list[list[Hypothesis]]:
+        """--plain-first: each source's plain hypotheses where the best already holds its `terms`
+        (constraints.holds), the others' searched again with them."""
+        found = self.search(sources, config, prefixes)
+        again = [i for i, hyps in enumerate(found) if hyps and not holds(hyps[0].tokens, terms[0][i], terms[1][i],
+                                                                          self.joining_ids)]
+        if again:
+            def only(rows: list) -> list:
+                return [rows[i] for i in again]
+
+            redone = self.search(only(sources), dataclasses.replace(config, plain_first=False),
+                                 None if prefixes is None else only(prefixes), terms=(only(terms[0]), only(terms[1])))
+            for i, hyps in zip(again, redone):
+                found[i] = hyps
+        return found
 
     @torch.inference_mode()
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:

@@ -56,6 +56,7 @@ class SearchOptions(TypedDict, total=False):
     min_len: int
     no_repeat_ngram_size: int
     repetition_penalty: float
+    plain_first: bool
     sampling: bool
     sampling_topk: int | None
     sampling_topp: float | None

@@ -9,7 +9,7 @@ import torch
 from builders import random_model, sources
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.constraints import Terms
+from nmt_cli.constraints import Terms, holds
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.search import beam_search
 
@@ -39,6 +39,27 @@ def test_progress_is_what_a_plain_loop_counts(seed):
         terms.choose(scores, tokens, torch.tensor([0]), len(outputs), torch.ones(len(outputs), dtype=torch.long), 0)
         terms.advance(torch.arange(len(outputs)).unsqueeze(0))
         assert produced(terms) == [produced_by_a_plain_loop(phrases, o[: step + 1]) for o in outputs]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_what_holds_its_phrases_is_what_the_search_counts_done(seed):
+    """constraints.holds (--plain-first's check of a plain output) against the search's own
+    progress after the same tokens, a phrase beginning only where a word does (token 6 joins)."""
+    rng = random.Random(seed)
+    joining = torch.zeros(8, dtype=torch.bool)
+    joining[6] = True
+    outputs = [[rng.randrange(4, 8) for _ in range(8)] for _ in range(40)]
+    for phrases in ([[rng.randrange(4, 8) for _ in range(rng.randrange(1, 3))] for _ in range(2)] for _ in range(5)):
+        terms = Terms([phrases], [[]], CPU, joining)
+        terms.start(1, len(outputs))
+        for step in range(8):
+            last = torch.tensor([1 if step == 0 else o[step - 1] for o in outputs])
+            terms.choose(torch.zeros(1, len(outputs)), torch.tensor([[o[step] for o in outputs]]), torch.tensor([0]),
+                         len(outputs), last, 0)
+            terms.advance(torch.arange(len(outputs)).unsqueeze(0))
+        assert terms.done.all(1).tolist() == [holds(o, phrases, [], {6}) for o in outputs]
+        assert [holds(o, [], phrases, {6}) for o in outputs] == [not any(contains(o, p) for p in phrases)
+                                                                 for o in outputs]
 
 
 def produced(terms: Terms) -> list[int]:
@@ -120,6 +141,10 @@ def test_terms_from_the_api_the_command_line_and_the_server(tmp_path):
         status, answer = request(url + "/translate", {"text": lines, "constraints": include, "avoid": avoid,
                                                       "beam": 4, "max_len_b": 10})
         assert status == 200 and answer["translations"] == found
+        status, answer = request(url + "/translate", {"text": lines, "constraints": include, "avoid": avoid,
+                                                      "beam": 4, "max_len_b": 10, "plain_first": True})
+        assert status == 200 and answer["translations"] == translator.translate(lines, constraints=include,
+                                                                                avoid=avoid, plain_first=True)
         status, answer = request(url + "/translate", {"text": lines, "constraints": include[:2]})
         assert status == 400 and "2 lists of constraints for 5 sentences" in answer["error"]
         status, answer = request(url + "/translate", {"text": lines, "avoid": avoid, "sampling": True})
@@ -127,6 +152,38 @@ def test_terms_from_the_api_the_command_line_and_the_server(tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+
+
+def test_plain_first_keeps_what_holds_its_phrases_and_searches_the_rest_again(tmp_path):
+    """--plain-first: a line whose plain translation holds its phrases (and none to avoid) keeps
+    it, the others are translated as the constrained search translates them, in the API and on
+    the command line; refused with --nbest 2 and --sampling."""
+    from click.testing import CliRunner
+    from conftest import tiny_checkpoint
+
+    from nmt_cli.cli import main
+    from nmt_cli.translator import Translator
+
+    model = tiny_checkpoint(tmp_path / "m.pt", seed=4)  # an untrained model whose outputs differ in their words
+    lines = ["a b c", "d e", "f g h i", "j", "k l m", "n o", "p a b", "c d e f"]
+    translator = Translator.load(model, device="cpu", beam=4, max_len_b=10)
+    plain = translator.translate(lines)
+    assert plain[0].split()[:4] == ["d", "d", "d", "o"] and {"n", "o"} <= set(plain[1].split()) <= set(plain[6].split())
+    # line 0 holds its phrase and one to avoid, line 2 lacks its phrase: both searched again; lines 1 and 6 hold theirs
+    include = [["o"], ["n"], ["a"], [], [], [], ["o", "n"], []]
+    avoid = [["d"], ["a"], [], [], [], [], [], []]
+    constrained = translator.translate(lines, constraints=include, avoid=avoid)
+    first = translator.translate(lines, constraints=include, avoid=avoid, plain_first=True)
+    assert first == [constrained[0], plain[1], constrained[2], *plain[3:]]
+    assert constrained[0] != plain[0] and "a" in first[2].split()
+    tsv = "".join("\t".join([line, *phrases]) + "\n" for line, phrases in zip(lines, include))
+    result = CliRunner().invoke(main, ["translate", "-m", str(model), "--constraints", "--plain-first", "--beam", "4",
+                                       "--max-len-b", "10", "--device", "cpu"], input=tsv)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == translator.translate(lines, constraints=include, plain_first=True)
+    for flags in (["--nbest", "2", "--beam", "2"], ["--sampling"]):
+        refused = CliRunner().invoke(main, ["translate", "-m", str(model), "--plain-first", *flags], input="a\n")
+        assert refused.exit_code == 2 and "--plain-first applies only to beam search with --nbest 1" in refused.output
 
 
 def test_a_phrase_the_vocabulary_lacks_or_too_long_a_line_of_them_is_warned_once(tmp_path):
@@ -193,6 +250,13 @@ def test_reference_terms_on_a_thousand_lines(exported):
     # lines on this model as trained by either kernel path, AVX-512 or AVX2, half of them for an
     # output the model scores higher)
     assert len(held) > 500 and sum(found[n] != plain[n] for n in held) <= 0.1 * len(held)
+    # --plain-first: all of them unchanged, and the others as the constrained search gives them
+    first = Translator.load(model, device="cpu", batch_size=64, plain_first=True).translate(
+        sources, constraints=include, avoid=avoid)
+    satisfied = {n for n, (out, words, banned) in enumerate(zip(plain, include, avoid))
+                 if all(w in out.split() for w in words) and not any(w in out.split() for w in banned)}
+    assert len(satisfied) > len(held) and any(found[n] != plain[n] for n in satisfied)
+    assert first == [plain[n] if n in satisfied else found[n] for n in range(len(sources))]
 
 
 def test_terms_with_a_prefix_and_refused_with_sampling(tmp_path):

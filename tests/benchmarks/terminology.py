@@ -1,10 +1,13 @@
-"""Terminology: `python tests/benchmarks/terminology.py -m CKPT [--beam 5] [--threads 2]`.
+"""Terminology: `python tests/benchmarks/terminology.py -m CKPT [--beam 5] [--threads 2] [--terms lacking|reference]`.
 
 Translates Multi30k's test_2016_flickr (en->de by default) plainly, then with one constraint per
-line: a word of its reference that the plain output lacks (the first of four or more letters;
-a line without one has no constraint), and prints one JSON line: the share of constrained lines
-whose output holds its word, the sacreBLEU of both outputs, and both times (the translation only,
-the model loaded once, the plain one first).
+line, once by the constrained search alone and once with `--plain-first`, and prints one JSON line:
+for each, the share of constrained lines whose output holds its word, the sacreBLEU, the time (the
+translation only, the model loaded once, the plain one first), and how many of the lines whose
+plain output already held its word kept that output unchanged. The word: with `--terms lacking`
+(default) the first word of four or more letters of its reference that the plain output lacks (a
+line without one has no constraint); with `--terms reference` the first such word of its reference,
+held or not (a glossary's case: many outputs hold their term already).
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ def words(line: str) -> list[str]:
     return [w.strip(".,;:!?\"'()") for w in line.split()]
 
 
-def term(reference: str, output: str) -> str | None:
-    """The first word of four or more letters of `reference` that `output` lacks."""
-    have = set(words(output))
+def term(reference: str, output: str, lacking: bool) -> str | None:
+    """The first word of four or more letters of `reference` (that `output` lacks, if `lacking`)."""
+    have = set(words(output)) if lacking else set()
     return next((w for w in words(reference) if len(w) >= 4 and w.isalpha() and w not in have), None)
 
 
@@ -40,6 +43,7 @@ def main() -> None:
     parser.add_argument("-i", "--input", type=Path, default=MULTI30K / "test_2016_flickr.en")
     parser.add_argument("--ref", type=Path, default=MULTI30K / "test_2016_flickr.de")
     parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--terms", choices=("lacking", "reference"), default="lacking")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -48,20 +52,25 @@ def main() -> None:
     translator = Translator.load(args.model, device="cpu", threads=args.threads, beam=args.beam)
     start = time.perf_counter()
     plain = translator.translate(lines)
-    plain_seconds = time.perf_counter() - start
-    terms = [term(ref, out) for ref, out in zip(references, plain)]
-    start = time.perf_counter()
-    constrained = translator.translate(lines, constraints=[[t] if t else [] for t in terms])
-    constrained_seconds = time.perf_counter() - start
-    asked = [(t, out) for t, out in zip(terms, constrained) if t]
-    print(json.dumps({
-        "benchmark": "terminology", "model": args.model, "lines": len(lines), "beam": args.beam,
-        "threads": args.threads, "constrained_lines": len(asked),
-        "terms_present": round(sum(t in words(out) for t, out in asked) / max(len(asked), 1), 4),
-        "bleu_plain": round(sacrebleu.corpus_bleu(plain, [references]).score, 2),
-        "bleu_constrained": round(sacrebleu.corpus_bleu(constrained, [references]).score, 2),
-        "seconds_plain": round(plain_seconds, 2), "seconds_constrained": round(constrained_seconds, 2),
-        "time_ratio": round(constrained_seconds / plain_seconds, 3)}))
+    seconds = {"plain": time.perf_counter() - start}
+    terms = [term(ref, out, args.terms == "lacking") for ref, out in zip(references, plain)]
+    held = [n for n, (t, out) in enumerate(zip(terms, plain)) if t and t in words(out)]
+    result = {"benchmark": "terminology", "model": args.model, "lines": len(lines), "beam": args.beam,
+              "threads": args.threads, "terms": args.terms, "constrained_lines": sum(map(bool, terms)),
+              "held_by_plain": len(held), "bleu_plain": round(sacrebleu.corpus_bleu(plain, [references]).score, 2),
+              "seconds_plain": round(seconds["plain"], 2)}
+    for name, options in (("constrained", {}), ("plain_first", {"plain_first": True})):
+        start = time.perf_counter()
+        found = translator.translate(lines, constraints=[[t] if t else [] for t in terms], **options)
+        seconds[name] = time.perf_counter() - start
+        asked = [(t, out) for t, out in zip(terms, found) if t]
+        result.update({
+            f"terms_present_{name}": round(sum(t in words(out) for t, out in asked) / max(len(asked), 1), 4),
+            f"bleu_{name}": round(sacrebleu.corpus_bleu(found, [references]).score, 2),
+            f"seconds_{name}": round(seconds[name], 2),
+            f"time_ratio_{name}": round(seconds[name] / seconds["plain"], 3),
+            f"unchanged_{name}": sum(found[n] == plain[n] for n in held)})
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
