@@ -20,7 +20,7 @@ from nmt_cli.controls import OutputControls
 from nmt_cli.decoding import DecoderState
 from nmt_cli.device import block_floats
 from nmt_cli.graphs import DecoderGraphs
-from nmt_cli.kernels import search_projection, top_k
+from nmt_cli.kernels import ShortlistProjection, search_projection, top_k
 from nmt_cli.model import Transformer
 from nmt_cli.vocab import EOS_ID
 
@@ -81,6 +81,7 @@ class Ensemble:
         self.never = list(never)  # ids the search never outputs besides the specials: vocabulary fillers
         self.deadline: float | None = None  # time.monotonic() at which a search stops (a draining server)
         self.projections = [search_projection(m) for m in self.models]
+        self.shortlisted: list[ShortlistProjection] | None = None  # made at the first search with a shortlist
         self.max_positions = min(m.config.max_positions for m in self.models)
         weight = self.models[0].tgt_embed.tokens.weight
         self.vocab_size = weight.size(0)
@@ -103,7 +104,9 @@ class Ensemble:
             return OutputLayer(self.projections, self.vocab_size)
         inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=columns.device)
         inverse[columns] = torch.arange(len(columns), device=columns.device)
-        return OutputLayer([search_projection(m, columns) for m in self.models], len(columns), columns, inverse)
+        if self.shortlisted is None:
+            self.shortlisted = [ShortlistProjection(m) for m in self.models]
+        return OutputLayer([p.rows(columns) for p in self.shortlisted], len(columns), columns, inverse)
 
     def start(self, src: Tensor, beam: int = 1, length: int = 0) -> list[DecoderState]:
         """Encode `src` for a search of `beam` rows per sentence and up to `length` positions."""

@@ -9,10 +9,11 @@ the paper never needs this file, nor graphs.py (the search's decoder as CUDA gra
   the CPU with few keys).
 - `append_position`: a search step's cache reordered and extended in one copy.
 - `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form.
-- `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN
-  (or a shortlist's rows of it alone).
+- `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN;
+  `ShortlistProjection`: a shortlist's rows of it alone.
 - `top_k`: top-k through chunk maxima on the CPU.
-- `quantize_int8`: dynamic int8 linear layers for CPU inference.
+- `quantize_int8`: dynamic int8 linear layers for CPU inference, the feed-forward's ReLU fused
+  into its first (`FusedFeedForward`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.errors import NmtError
-from nmt_cli.model import ScaledDotProductAttention, Transformer, attention
+from nmt_cli.model import PositionwiseFeedForward, ScaledDotProductAttention, Transformer, attention
 from nmt_cli.vocab import PAD_ID
 
 M = TypeVar("M", bound=nn.Module)
@@ -202,35 +203,53 @@ class PackedProjection:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def search_projection(model: Transformer, columns: Tensor | None = None) -> Callable[[Tensor], Tensor]:
-    """The model's pre-softmax projection as a search should run it, `projection(x)[:, columns]`
-    with a shortlist's `columns` (computed for those alone: its weight's rows taken once per
-    search): packed where it can be (float32 on the CPU), int8 where the model is quantized."""
+def search_projection(model: Transformer) -> Callable[[Tensor], Tensor]:
+    """The model's pre-softmax projection as a search should run it: packed where it can be
+    (float32 on the CPU), int8 where the model is quantized."""
     projection = model.output_projection
     if type(projection) is not nn.Linear:  # int8 (quantize_int8)
-        return projection if columns is None else _quantized_rows(projection, columns)
-    weight, bias = projection.weight, projection.bias
-    if columns is not None:
-        weight, bias = weight.index_select(0, columns), None if bias is None else bias.index_select(0, columns)
+        return projection
+    return _packed(projection.weight, projection.bias) or projection
+
+
+def _packed(weight: Tensor, bias: Tensor | None) -> PackedProjection | None:
+    """x W^T + b packed, where this PyTorch and device can (float32 on the CPU)."""
     if weight.device.type == "cpu" and weight.dtype == torch.float32:
         try:
             return PackedProjection(weight, bias)
         except (RuntimeError, AttributeError):
             pass
-    return projection if columns is None else lambda x: F.linear(x, weight, bias)
+    return None
 
 
-def _quantized_rows(projection: nn.Module, columns: Tensor) -> nn.Module:
-    """The rows `columns` of a dynamically quantized linear layer: the same int8 rows and scales."""
-    from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+class ShortlistProjection:
+    """A model's pre-softmax projection restricted to a shortlist's columns as a search runs it:
+    `rows(columns)(x) == projection(x)[:, columns]`, computed for those columns alone (made once
+    per batch). Float32: the weight's rows packed. Int8: the same int8 rows and scales, from the
+    weight unpacked once here (unpacking it per batch cost more than a one-sentence search)."""
 
-    weight, bias = projection._weight_bias()  # torch.ao's own accessor
-    rows = torch.quantize_per_channel(weight.dequantize().index_select(0, columns),
-                                      weight.q_per_channel_scales().index_select(0, columns),
-                                      weight.q_per_channel_zero_points().index_select(0, columns), 0, torch.qint8)
-    restricted = QuantizedLinear(weight.size(1), len(columns), dtype=torch.qint8)
-    restricted.set_weight_bias(rows, None if bias is None else bias.index_select(0, columns))
-    return restricted
+    def __init__(self, model: Transformer) -> None:
+        projection = model.output_projection
+        self.quantized = type(projection) is not nn.Linear  # int8 (quantize_int8)
+        if self.quantized:
+            weight, self.bias = projection._weight_bias()  # torch.ao's own accessor
+            self.weight = weight.int_repr()
+            self.scales, self.zero_points = weight.q_per_channel_scales(), weight.q_per_channel_zero_points()
+        else:
+            self.weight, self.bias = projection.weight, projection.bias
+
+    def rows(self, columns: Tensor) -> Callable[[Tensor], Tensor]:
+        weight = self.weight.index_select(0, columns)
+        bias = None if self.bias is None else self.bias.index_select(0, columns)
+        if not self.quantized:
+            return _packed(weight, bias) or (lambda x: F.linear(x, weight, bias))
+        from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+        rows = torch._make_per_channel_quantized_tensor(weight, self.scales.index_select(0, columns),
+                                                        self.zero_points.index_select(0, columns), 0)
+        restricted = QuantizedLinear(weight.size(1), len(columns), dtype=torch.qint8)
+        restricted.set_weight_bias(rows, bias)
+        return restricted
 
 
 def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
@@ -257,21 +276,43 @@ def top_k(x: Tensor, k: int, chunks: int = 8) -> tuple[Tensor, Tensor]:
     return top.values, candidates.gather(1, top.indices)
 
 
+class FusedFeedForward(nn.Module):
+    """Eq. 2's FFN(x) = max(0, x W1 + b1) W2 + b2 for inference, the max(0, .) inside the first
+    product's kernel (torch.ao's LinearReLU: one pass over the (tokens, d_ff) output, not two).
+    Dropout is left out: an int8 model is never trained."""
+
+    def __init__(self, ffn: PositionwiseFeedForward) -> None:
+        super().__init__()
+        from torch.ao.nn.intrinsic import LinearReLU
+
+        self.w1, self.w2 = LinearReLU(ffn.w1, nn.ReLU()), ffn.w2
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.w1(x))
+
+
 @torch.no_grad()
 def quantize_int8(model: Transformer, device: torch.device, dtype: torch.dtype) -> None:
     """Dynamic int8 quantization for CPU inference (`--quantize int8`), in place: every linear
     layer, the pre-softmax projection included, keeps int8 weights (one scale per output row) and
-    quantizes its input per call (torch.ao dynamic quantization, fbgemm/x86 kernels). The
+    quantizes its input per call (torch.ao dynamic quantization, fbgemm/x86 kernels); a ReLU
+    feed-forward's max(0, .) runs inside its first product (`FusedFeedForward`). The
     embeddings stay float32. The model can no longer be trained or saved as a checkpoint. On the
     CPU in float32 only; a PyTorch that cannot quantize here is a one-line error."""
     if device.type != "cpu" or dtype != torch.float32:
         raise NmtError(f"--quantize int8 runs on the CPU in fp32 (add --device cpu), not on {device.type} "
                        f"in {str(dtype).removeprefix('torch.')}")
     try:
+        from torch.ao.nn.intrinsic import LinearReLU
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+        for module in list(model.modules()):
+            for name, child in module.named_children():
+                if type(child) is PositionwiseFeedForward and child.activation is F.relu:
+                    setattr(module, name, FusedFeedForward(child))
         with warnings.catch_warnings():  # torch >= 2.10 warns that torch.ao moves to torchao
             warnings.simplefilter("ignore")
-            quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+            quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig,
+                                            LinearReLU: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
     except (ImportError, RuntimeError) as e:
         raise NmtError(f"--quantize int8: this PyTorch cannot quantize on this CPU ({e})") from None

@@ -177,7 +177,7 @@ def test_the_fast_paths_are_module_swaps_that_leave_the_function_alone():
 
 @pytest.mark.parametrize("variant", [{}, {"output_bias": True}, {"tied_output": False}, "int8"])
 def test_a_shortlists_projection_equals_the_columns_of_the_whole(variant):
-    """search_projection(model, columns)(x) == the model's projection(x)[:, columns], computed
+    """ShortlistProjection(model).rows(columns)(x) == the model's projection(x)[:, columns], computed
     for those columns alone: packed in float32, or the same int8 rows and scales."""
     model = tiny_model(seed=4, **({} if variant == "int8" else variant)).eval()
     if variant == "int8":
@@ -188,6 +188,24 @@ def test_a_shortlists_projection_equals_the_columns_of_the_whole(variant):
     x = torch.randn(7, model.config.d_model)
     with torch.inference_mode():
         whole = model.output_projection(x)[:, columns]
-        restricted = kernels.search_projection(model, columns)(x)
+        restricted = kernels.ShortlistProjection(model).rows(columns)(x)
     assert restricted.shape == (7, len(columns))
     assert torch.allclose(restricted, whole, atol=1e-5 if variant != "int8" else 1e-4)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_int8_with_the_relu_fused_equals_torch_ao_quantizing_every_linear_alone(activation):
+    """quantize_int8 runs a ReLU feed-forward's max(0, .) inside its first int8 product: the same
+    numbers as torch.ao's dynamic quantization of each linear layer with the ReLU after it."""
+    import copy
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    model = tiny_model(seed=5, activation=activation)
+    alone = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    kernels.quantize_int8(model, torch.device("cpu"), torch.float32)
+    fused = [m for m in model.modules() if isinstance(m, kernels.FusedFeedForward)]
+    assert len(fused) == (2 + 2 if activation == "relu" else 0)  # every feed-forward of a ReLU model
+    src, tgt = random_tokens(3, 7), random_tokens(3, 6)
+    with torch.inference_mode():
+        assert torch.equal(model(src, tgt), alone(src, tgt))
