@@ -1,5 +1,5 @@
 """Decoding speed: `python tests/benchmarks/decode_speed.py -m CKPT [-i test.en] [--beam 4] [--quantize int8]
-[--shortlist FILE]
+[--shortlist FILE] [--batch-size N]
 [--device cuda --precision bf16 --cuda-graphs --steps-between-reads N --profile FILE]`.
 
 Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--quantize", choices=["int8"], default=None)
     parser.add_argument("--cuda-graphs", action="store_true")
+    parser.add_argument("--batch-size", type=int, help="at most this many sentences a batch (1: a server's latency)")
     parser.add_argument("--steps-between-reads", type=int)
     parser.add_argument("--profile", type=Path, help="write a torch.profiler table of a second translation here")
     args = parser.parse_args()
@@ -69,7 +70,7 @@ def main() -> None:
     tune(device, args.threads)  # threads and memory as `nmt translate`'s
     lines = args.input.read_text(encoding="utf-8").splitlines()
     options = RunConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
-                               quantize=args.quantize, cuda_graphs=args.cuda_graphs)
+                        batch_size=args.batch_size, quantize=args.quantize, cuda_graphs=args.cuda_graphs)
     bundle = load_bundle(args.model)
     translator = Translator([bundle], options, device, dtype,
                             shortlist=args.shortlist and load_shortlist(args.shortlist, bundle))
