@@ -21,7 +21,7 @@ Sharing the beam can change an output that held its phrases anyway: `holds` is t
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -163,14 +163,16 @@ class Terms:
 
 
 def holds(output: Sequence[int], include: Sequence[Sequence[int]], avoid: Sequence[Sequence[int]],
-          joining: Collection[int]) -> bool:
+          joining: Tensor | None = None) -> bool:
     """Whether `output` (target ids) is what a search with these phrases asks for: every phrase to
-    `include` in it, beginning where a word does (after no `joining` id), and no phrase to `avoid`."""
+    `include` in it, beginning where a word does (not after a `joining` id, as in `Terms`), and no
+    phrase to `avoid`."""
     def at(phrase: Sequence[int]) -> list[int]:
         n = len(phrase)
         return [i for i in range(len(output) - n + 1) if list(output[i:i + n]) == list(phrase)]
 
-    begins_word = [True] + [token not in joining for token in output]
+    ends_word = [True] * len(output) if joining is None else (~joining[list(output)]).tolist()
+    begins_word = [True, *ends_word]
     return all(any(begins_word[i] for i in at(p)) for p in include if p) and not any(at(p) for p in avoid if p)
 
 

@@ -51,7 +51,6 @@ class Generator:
         self.device, self.max_tokens, self.batch_size, self.warn = device, max_tokens, batch_size, warn
         self.shortlist = shortlist
         self.models = Ensemble(models, graphs=graphs, never=never)
-        self.joining_ids = frozenset(joining)
         self.joining = torch.zeros(self.models.vocab_size, dtype=torch.bool, device=device)
         self.joining[list(joining)] = True
         self.rng = torch.Generator(device)
@@ -94,7 +93,7 @@ class Generator:
         (constraints.holds), the others' searched again with them."""
         found = self.search(sources, config, prefixes)
         again = [i for i, hyps in enumerate(found) if hyps and not holds(hyps[0].tokens, terms[0][i], terms[1][i],
-                                                                          self.joining_ids)]
+                                                                          self.joining)]
         if again:
             def only(rows: list) -> list:
                 return [rows[i] for i in again]

@@ -239,6 +239,7 @@ class ShortlistProjection:
             self.weight, self.bias = projection.weight, projection.bias
 
     def rows(self, columns: Tensor) -> Callable[[Tensor], Tensor]:
+        """The projection to `columns` (sorted target ids) alone."""
         weight = self.weight.index_select(0, columns)
         bias = None if self.bias is None else self.bias.index_select(0, columns)
         if not self.quantized:

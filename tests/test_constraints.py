@@ -57,8 +57,8 @@ def test_what_holds_its_phrases_is_what_the_search_counts_done(seed):
             terms.choose(torch.zeros(1, len(outputs)), torch.tensor([[o[step] for o in outputs]]), torch.tensor([0]),
                          len(outputs), last, 0)
             terms.advance(torch.arange(len(outputs)).unsqueeze(0))
-        assert terms.done.all(1).tolist() == [holds(o, phrases, [], {6}) for o in outputs]
-        assert [holds(o, [], phrases, {6}) for o in outputs] == [not any(contains(o, p) for p in phrases)
+        assert terms.done.all(1).tolist() == [holds(o, phrases, [], joining) for o in outputs]
+        assert [holds(o, [], phrases, joining) for o in outputs] == [not any(contains(o, p) for p in phrases)
                                                                  for o in outputs]
 
 
