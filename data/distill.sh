@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # A small, fast model from a big one (sequence-level knowledge distillation, Kim & Rush 2016):
-#   1. the teacher translates the training source (beam 4; with NBEST=N, N hypotheses each and
-#      the one of best chrF against the reference kept)
+#   1. the teacher translates the training source: beam 4, NBEST hypotheses each, and the one of
+#      best chrF against the reference kept (Kim & Rush's sequence-level interpolation; NBEST=1:
+#      the best alone)
 #   2. the distilled pairs are checked: as many lines as the source, and in its order (SPOT_CHECK
 #      lines drawn at random, translated again, give the same lines: all but a tenth of them, as
 #      a batch of other shapes may round a close call the other way; a shifted file gives none)
 #   3. nmt preprocess of the source with the distilled targets, reusing the teacher's data
 #      directory (its subwords and vocabularies: a shortlist and the teacher's tools fit both)
-#   4. nmt train: the `student` preset (6 encoder layers, 1 decoder layer: a search steps the
+#   4. nmt train: the `student` preset (3 encoder layers, 1 decoder layer: a search steps the
 #      decoder alone) with the quickstart's recipe (data/quickstart.yaml) for MINUTES minutes
 #   5. the last 5 checkpoints averaged, a shortlist of the distilled data, and the test set
 #      translated with int8 and the shortlist, timed, and scored
 # Settings: TEACHER (a checkpoint: required), TEACHER_DATA (its data directory: default
 # runs/quickstart/data), RAW (the raw corpus, RAW/{train,val,test_2016_flickr}.{en,de}: default
 # runs/quickstart/raw), WORK (default runs/distill), MINUTES (default 30), THREADS, PRECISION (the
-# student's training: default fastest, measured at each start: PERFORMANCE.md), NBEST,
+# student's training: default fastest, measured at each start: PERFORMANCE.md), NBEST (default 4),
 # SPOT_CHECK (default 20), STUDENT_ARCH (default student), TRAIN_ARGS (more `nmt train` flags),
-# SHORTLIST_ARGS (default "--first 100 --best 10"), LENPEN (the test set's: default 1.5, the
+# SHORTLIST_ARGS (default "--first 100 --best 5"), LENPEN (the test set's: default 1.5, the
 # quickstart's), SRC and TGT (default en, de).
 # Running it again resumes where it stopped: finished steps are kept, training resumes.
 set -euo pipefail
@@ -29,6 +30,7 @@ MINUTES=${MINUTES:-30}
 THREADS=${THREADS:-$(nproc)}
 SPOT_CHECK=${SPOT_CHECK:-20}
 PRECISION=${PRECISION:-fastest}
+NBEST=${NBEST:-4}
 SRC=${SRC:-en}
 TGT=${TGT:-de}
 mkdir -p "$WORK/distilled"
@@ -36,7 +38,7 @@ distilled=$WORK/distilled/train
 
 # 1. The teacher's translations of the training source (nmt translate writes -o only when complete).
 if [ ! -f "$distilled.$TGT" ]; then
-  if [ -n "${NBEST:-}" ]; then
+  if [ "$NBEST" -gt 1 ]; then
     nmt translate -m "$TEACHER" -i "$RAW/train.$SRC" -o "$WORK/distilled/nbest.jsonl" --beam "$(( NBEST > 4 ? NBEST : 4 ))" \
       --nbest "$NBEST" --format jsonl --threads "$THREADS"
     python3 - "$WORK/distilled/nbest.jsonl" "$RAW/train.$TGT" "$distilled.$TGT.part" <<'PYTHON'
@@ -63,7 +65,7 @@ if [ "$source_lines" != "$target_lines" ]; then
   echo "distill: $distilled.$TGT has $target_lines lines, $distilled.$SRC $source_lines: remove it and run again" >&2
   exit 1
 fi
-python3 - "$TEACHER" "$distilled.$SRC" "$distilled.$TGT" "$SPOT_CHECK" "${NBEST:-1}" <<'PYTHON'
+python3 - "$TEACHER" "$distilled.$SRC" "$distilled.$TGT" "$SPOT_CHECK" "$NBEST" <<'PYTHON'
 import random, sys
 from nmt_cli import Translator
 teacher, source, target, count, nbest = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
@@ -94,7 +96,7 @@ nmt train "$WORK/data" --save-dir "$WORK/ckpt" --config data/quickstart.yaml --a
 
 # 5. Averaged, shortlisted, quantized, evaluated.
 nmt average-checkpoints --dir "$WORK/ckpt" --last 5 -o "$WORK/student.pt"
-nmt shortlist "$WORK/data" -o "$WORK/shortlist.txt" ${SHORTLIST_ARGS:---first 100 --best 10}
+nmt shortlist "$WORK/data" -o "$WORK/shortlist.txt" ${SHORTLIST_ARGS:---first 100 --best 5}
 start=$(date +%s.%N)
 nmt translate -m "$WORK/student.pt" -i "$RAW/test_2016_flickr.$SRC" -o "$WORK/test_2016_flickr.hyp.$TGT" \
   --beam 4 --lenpen "${LENPEN:-1.5}" --quantize int8 --shortlist "$WORK/shortlist.txt" --threads "$THREADS"

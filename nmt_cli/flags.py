@@ -131,7 +131,7 @@ def model_options(command: Callable) -> Callable:
     """`--arch` plus every ModelConfig field as a flag, defaulting to the preset's value."""
     command = config_options(ModelConfig, show_defaults=False)(command)
     return click.option("--arch", type=click.Choice(sorted(PRESETS)), default="base", show_default=True,
-                        help="Preset: base/big (Table 3), iwslt, small (CPU), student (6+1 layers: "
+                        help="Preset: base/big (Table 3), iwslt, small (CPU), student (3+1 layers: "
                              "data/distill.sh).")(command)
 
 

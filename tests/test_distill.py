@@ -44,7 +44,7 @@ def test_the_recipe_distills_a_student_and_refuses_pairs_out_of_order(tmp_path):
     assert "distill: 80 pairs, " in done.stderr and " of 20 spot-checked as translated" in done.stderr
     assert (work / "bleu.txt").read_text().startswith("BLEU") and "int8, shortlist" in (work / "speed.txt").read_text()
     about = json.loads(cli("info", "-m", work / "student.pt", "--json").stdout)
-    assert about["layers"] == "6 encoder, 1 decoder"
+    assert about["layers"] == "3 encoder, 1 decoder"
     distilled = work / "distilled/train.tgt"
     lines = distilled.read_text().splitlines()
     write_lines(distilled, lines[1:] + lines[:1])  # shifted by one
