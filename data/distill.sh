@@ -31,6 +31,10 @@ THREADS=${THREADS:-$(nproc)}
 SPOT_CHECK=${SPOT_CHECK:-20}
 PRECISION=${PRECISION:-fastest}
 NBEST=${NBEST:-4}
+if ! [[ "$NBEST" =~ ^[1-9][0-9]*$ ]]; then
+  echo "distill: NBEST=$NBEST: expected a whole number of hypotheses, 1 or more" >&2
+  exit 1
+fi
 SRC=${SRC:-en}
 TGT=${TGT:-de}
 mkdir -p "$WORK/distilled"

@@ -91,9 +91,9 @@ class Generator:
                      terms: Phrases) -> list[list[Hypothesis]]:
         """--plain-first: each source's plain hypotheses where the best already holds its `terms`
         (constraints.holds), the others' searched again with them."""
-        found = self.search(sources, config, prefixes)
+        found, joining = self.search(sources, config, prefixes), self.joining.cpu()  # read per line on the host
         again = [i for i, hyps in enumerate(found) if hyps and not holds(hyps[0].tokens, terms[0][i], terms[1][i],
-                                                                          self.joining)]
+                                                                          joining)]
         if again:
             def only(rows: list) -> list:
                 return [rows[i] for i in again]

@@ -53,3 +53,14 @@ def test_the_recipe_distills_a_student_and_refuses_pairs_out_of_order(tmp_path):
     write_lines(distilled, lines[:-1])
     done = distill()
     assert done.returncode == 1 and f"{distilled} has 79 lines" in done.stderr
+
+
+@pytest.mark.parametrize("nbest", ["0", "two", "-1"])
+def test_an_nbest_that_is_not_a_count_is_refused_in_one_line_before_any_work(tmp_path, nbest):
+    environment = {**os.environ, "TEACHER": str(tmp_path / "teacher.pt"), "WORK": str(tmp_path / "work"),
+                   "NBEST": nbest}
+    done = subprocess.run(["bash", str(ROOT / "data/distill.sh")], env=environment, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert done.stderr == f"distill: NBEST={nbest}: expected a whole number of hypotheses, 1 or more\n"
+    assert not (tmp_path / "work").exists()
