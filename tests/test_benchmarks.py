@@ -267,3 +267,6 @@ def test_shortlist_speed(tmp_path):
     assert plain["run"] == "plain" and again["run"] == "plain again" and plain["lines"] == 3
     assert [r["run"] for r in listed] == ["ibm1 first 3 best 2", "dice first 3 best 2"]
     assert all(r["speed_up"] > 0 and 0 <= r["bleu"] <= 100 and r["columns_of_64_lines"] > 4 for r in listed)
+    *_, paired = run("shortlist_speed.py", "-m", tmp_path / "ck/checkpoint_last.pt", "-d", data, "-i", source, "--ref",
+                     source, "--best", 2, "--first", 3, "--threads", 1, "--methods", "ibm1", "--rounds", 2)
+    assert len(paired["plain_lines_per_s"]) == len(paired["listed_lines_per_s"]) == 2 and paired["paired_speed_up"] > 0

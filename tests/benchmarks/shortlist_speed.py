@@ -1,5 +1,5 @@
 """Shortlists: `python tests/benchmarks/shortlist_speed.py -m CKPT -d DATA_DIR [--best 10 20 50]
-[--methods ibm1 dice] [--batch-size N ...] [--beam 4] [--lenpen 1.5] [--threads 2]`.
+[--methods ibm1 dice] [--batch-size N ...] [--rounds R] [--beam 4] [--lenpen 1.5] [--threads 2]`.
 
 Learns shortlists of DATA_DIR's training split at --first 100 and each --best: IBM model 1's (what
 `nmt shortlist` makes, its time measured) and, for the choice of method, Dice's coefficient
@@ -9,7 +9,9 @@ and after the others: the spread is the machine's noise). Prints one JSON line p
 the speed-up over the mean of the plain runs, sacreBLEU and its change, the number of columns
 of 64 lines. With --batch-size, all of it at each batch size (sentences; 0: `nmt translate`'s
 default batches, by tokens alone) plainly and shortlisted, each against the plain runs at the
-default batches.
+default batches. With --rounds R, each shortlist runs R times, each time after a plain run: the
+median lines/s, and the median of the R ratios (`paired_speed_up`), which a noisy machine's
+drift between runs does not skew.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -67,13 +70,25 @@ def run(translator: Translator, lines: list[str], references: list[str]) -> tupl
 
 
 def measured(model: str, shortlist: Path | None, batch_size: int, search: dict, lines: list[str],
-             references: list[str], plain_bleu: float) -> dict:
+             references: list[str], plain_bleu: float, plain: Translator, rounds: int) -> dict:
     """lines/s and BLEU of `model` with `shortlist` in batches of `batch_size` sentences (0: by
-    tokens alone), and the BLEU's change from the plain run's."""
+    tokens alone), and the BLEU's change from the plain run's; with `rounds` > 1, the median of
+    that many runs, each after a run of the `plain` translator, and the median of their ratios."""
     translator = Translator.load(model, device="cpu", shortlist=shortlist, batch_size=batch_size or None, **search)
     translator.translate(lines[:50])  # warm up
-    speed, bleu, _ = run(translator, lines, references)
-    return {"lines_per_s": round(speed, 2), "bleu": round(bleu, 2), "bleu_change": round(bleu - plain_bleu, 2)}
+    alone, listed = [], []
+    for _ in range(rounds):
+        if rounds > 1:
+            alone.append(run(plain, lines, references)[0])
+        speed, bleu, _ = run(translator, lines, references)
+        listed.append(speed)
+    result = {"lines_per_s": round(statistics.median(listed), 2), "bleu": round(bleu, 2),
+              "bleu_change": round(bleu - plain_bleu, 2)}
+    if alone:
+        result |= {"paired_speed_up": round(statistics.median(s / a for s, a in zip(listed, alone)), 3),
+                   "plain_lines_per_s": [round(a, 2) for a in alone],
+                   "listed_lines_per_s": [round(s, 2) for s in listed]}
+    return result
 
 
 def main() -> None:
@@ -89,6 +104,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", nargs="+", choices=("ibm1", "dice"), default=["ibm1", "dice"])
     parser.add_argument("--batch-size", type=int, nargs="+", default=[0])
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each shortlist, each after a plain run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()
@@ -102,7 +118,7 @@ def main() -> None:
     speeds, results = [speed], []
     for batch_size in filter(None, args.batch_size):  # the plain runs at each batch size, once
         results.append({**base, "run": "plain", "batch_size": batch_size,
-                        **measured(args.model, None, batch_size, search, lines, references, bleu)})
+                        **measured(args.model, None, batch_size, search, lines, references, bleu, plain, 1)})
     with tempfile.TemporaryDirectory() as tmp:
         for best in args.best:
             for method in args.methods:
@@ -117,7 +133,8 @@ def main() -> None:
                     results.append({**base, "run": f"{method} first {args.first} best {best}",
                                     "batch_size": batch_size or None, "learn_s": round(learned, 1),
                                     "columns_of_64_lines": columns,
-                                    **measured(args.model, path, batch_size, search, lines, references, bleu)})
+                                    **measured(args.model, path, batch_size, search, lines, references, bleu, plain,
+                                               args.rounds)})
     speed, _, _ = run(plain, lines, references)
     speeds.append(speed)
     print(json.dumps({**base, "run": "plain again", "lines_per_s": round(speed, 2)}), flush=True)
