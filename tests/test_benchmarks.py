@@ -270,3 +270,17 @@ def test_shortlist_speed(tmp_path):
     *_, paired = run("shortlist_speed.py", "-m", tmp_path / "ck/checkpoint_last.pt", "-d", data, "-i", source, "--ref",
                      source, "--best", 2, "--first", 3, "--threads", 1, "--methods", "ibm1", "--rounds", 2)
     assert len(paired["plain_lines_per_s"]) == len(paired["listed_lines_per_s"]) == 2 and paired["paired_speed_up"] > 0
+
+
+@pytest.mark.parametrize("has_avx512, aten, onednn", [(True, "avx512", "AVX512_CORE"), (False, "avx2", "AVX2")])
+def test_the_avx512_kernel_path_is_forced_only_on_a_cpu_that_has_it(monkeypatch, has_avx512, aten, onednn):
+    """Forced on a CPU without AVX-512, PyTorch's avx512 kernels die of SIGILL: the benchmarks take avx2 there."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from common import kernel_environment
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: has_avx512, raising=False)
+    environment = kernel_environment("avx512")
+    assert (environment["ATEN_CPU_CAPABILITY"], environment["ONEDNN_MAX_CPU_ISA"]) == (aten, onednn)
+    assert kernel_environment("default")["ATEN_CPU_CAPABILITY"] == "default"

@@ -25,6 +25,20 @@ from nmt_cli.vocab import EOS_ID
 
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
+# CPU kernel paths a benchmark runs a process under: PyTorch's, oneDNN's and MKL's choice of kernels.
+KERNEL_PATHS = {"avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx2": ("avx2", "AVX2", "AVX2"),
+                "default": ("default", "SSE41", "SSE4_2")}
+
+
+def kernel_environment(path: str) -> dict[str, str]:
+    """os.environ with ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS set to a
+    KERNEL_PATHS `path`; on a CPU without AVX-512, avx512 is avx2 (PyTorch obeys avx512 on any CPU,
+    and the process then dies of SIGILL)."""
+    if path == "avx512" and not getattr(torch.cpu, "_is_avx512_supported", lambda: False)():
+        path = "avx2"
+    aten, onednn, mkl = KERNEL_PATHS[path]
+    return {**os.environ, "ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl}
+
 
 def wmt_like_pairs(directory: Path, pairs: int, vocab: int, seed: int = 0) -> ParallelData:
     """Random sentence pairs of WMT14 en-de's lengths (source: mean 27 tokens, sd 12, clipped to

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from common import KERNEL_PATHS, kernel_environment
+
 TESTS = Path(__file__).resolve().parents[1]
-ISA = {"avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx2": ("avx2", "AVX2", "AVX2"),
-       "default": ("default", "SSE41", "SSE4_2")}
 
 
 def one_run(device: str, max_updates: int | None) -> dict:
@@ -63,10 +62,7 @@ def one_run(device: str, max_updates: int | None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
-    import torch
-
-    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"  # forced on a CPU without it: SIGILL
-    parser.add_argument("--paths", nargs="*", default=[p for p in ISA if avx512 or p != "avx512"], choices=list(ISA))
+    parser.add_argument("--paths", nargs="*", default=list(KERNEL_PATHS), choices=list(KERNEL_PATHS))
     parser.add_argument("--max-updates", type=int, help="fewer updates than the test's (a smoke run)")
     parser.add_argument("--one", action="store_true", help="one run in this process (used by the others)")
     args = parser.parse_args()
@@ -74,10 +70,9 @@ def main() -> None:
         print(json.dumps(one_run(args.device, args.max_updates)), flush=True)
         return
     for path in args.paths:
-        aten, onednn, mkl = ISA[path]
-        env = {**os.environ, "ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl}
         more = ["--max-updates", str(args.max_updates)] if args.max_updates else []
-        out = subprocess.run([sys.executable, __file__, "--one", "--device", args.device, *more], env=env,
+        out = subprocess.run([sys.executable, __file__, "--one", "--device", args.device, *more],
+                             env=kernel_environment(path),
                              check=True, capture_output=True, text=True).stdout
         print(json.dumps({"path": path, **json.loads(out.strip().splitlines()[-1])}), flush=True)
 

@@ -10,7 +10,6 @@ difference. On a CPU without AVX-512 both paths are AVX2.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,20 +18,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import kernel_environment  # noqa: E402
 from conftest import synthetic_data_dir  # noqa: E402
 
 from nmt_cli import checkpoint as ckpt  # noqa: E402
 
-AVX2 = ("avx2", "AVX2", "AVX2")
-# ATEN_CPU_CAPABILITY=avx512 is obeyed whatever the CPU: where it lacks AVX-512, that dies of SIGILL.
-AVX512 = ("avx512", "AVX512_CORE", "AVX512") if torch.backends.cpu.get_cpu_capability() == "AVX512" else AVX2
-PATHS = {"avx512": AVX512, "avx2": AVX2}
-
 
 def train(data: Path, save_dir: Path, updates: int, path: str) -> None:
-    aten, onednn, mkl = PATHS[path]
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl,
-           "OMP_NUM_THREADS": "1"}
+    env = {**kernel_environment(path), "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "nmt_cli", "train", str(data), "--save-dir", str(save_dir), "--arch",
                     "small", "--encoder-layers", "2", "--decoder-layers", "2", "--d-model", "128", "--d-ff", "512",
                     "--heads", "4", "--max-tokens", "300", "--max-updates", str(updates), "--warmup", "10",
