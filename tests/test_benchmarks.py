@@ -270,6 +270,14 @@ def test_shortlist_speed(tmp_path):
     *_, paired = run("shortlist_speed.py", "-m", tmp_path / "ck/checkpoint_last.pt", "-d", data, "-i", source, "--ref",
                      source, "--best", 2, "--first", 3, "--threads", 1, "--methods", "ibm1", "--rounds", 2)
     assert len(paired["plain_lines_per_s"]) == len(paired["listed_lines_per_s"]) == 2 and paired["paired_speed_up"] > 0
+    from nmt_cli.shortlist import make
+
+    made = tmp_path / "made.txt"
+    make(data, 3, 1).save(made)
+    *_, given = run("shortlist_speed.py", "-m", tmp_path / "ck/checkpoint_last.pt", "--files", made, "-i", source,
+                    "--ref", source, "--threads", 1, "--rounds", 2)
+    assert given["run"] == str(made) and "learn_s" not in given and len(given["listed_lines_per_s"]) == 2
+    assert given["columns_of_64_lines"] < listed[0]["columns_of_64_lines"]  # best 1, not 2: the file's own
 
 
 @pytest.mark.parametrize("has_avx512, aten, onednn", [(True, "avx512", "AVX512_CORE"), (False, "avx2", "AVX2")])

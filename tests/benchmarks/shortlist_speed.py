@@ -1,17 +1,19 @@
-"""Shortlists: `python tests/benchmarks/shortlist_speed.py -m CKPT -d DATA_DIR [--best 10 20 50]
-[--methods ibm1 dice] [--batch-size N ...] [--rounds R] [--beam 4] [--lenpen 1.5] [--threads 2]`.
+"""Shortlists: `python tests/benchmarks/shortlist_speed.py -m CKPT [-d DATA_DIR] [--best 10 20 50]
+[--methods ibm1 dice] [--files FILE ...] [--batch-size N ...] [--rounds R] [--beam 4] [--lenpen 1.5]
+[--threads 2]`.
 
 Learns shortlists of DATA_DIR's training split at --first 100 and each --best: IBM model 1's (what
-`nmt shortlist` makes, its time measured) and, for the choice of method, Dice's coefficient
-(2 C(s, t) / (C(s) + C(t)) over sentence co-occurrences). Translates Multi30k's test_2016_flickr
-plainly and with each, the model loaded once, the translation alone timed (the plain run before
-and after the others: the spread is the machine's noise). Prints one JSON line per run: lines/s,
-the speed-up over the mean of the plain runs, sacreBLEU and its change, the number of columns
-of 64 lines. With --batch-size, all of it at each batch size (sentences; 0: `nmt translate`'s
-default batches, by tokens alone) plainly and shortlisted, each against the plain runs at the
-default batches. With --rounds R, each shortlist runs R times, each time after a plain run: the
-median lines/s, and the median of the R ratios (`paired_speed_up`), which a noisy machine's
-drift between runs does not skew.
+`nmt shortlist` makes, its time measured) and, for the choice of method, Dice's coefficient (2
+C(s, t) / (C(s) + C(t)) over sentence co-occurrences); with --files, also measures shortlist files
+as they are (`data/distill.sh`'s `shortlist.txt`, one of docs/shortlist.md's). Translates
+Multi30k's test_2016_flickr plainly and with each, the model loaded once, the translation alone
+timed (the plain run before and after the others: the spread is the machine's noise). Prints one
+JSON line per run: lines/s, the speed-up over the mean of the plain runs, sacreBLEU and its change,
+the number of columns of 64 lines. With --batch-size, all of it at each batch size (sentences; 0:
+`nmt translate`'s default batches, by tokens alone) plainly and shortlisted, each against the plain
+runs at the default batches. With --rounds R, each shortlist runs R times, each time after a plain
+run: the median lines/s, and the median of the R ratios (`paired_speed_up`), which a noisy
+machine's drift between runs does not skew.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ def measured(model: str, shortlist: Path | None, batch_size: int, search: dict, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-m", "--model", required=True)
-    parser.add_argument("-d", "--data", type=Path, required=True, help="the model's data directory")
+    parser.add_argument("-d", "--data", type=Path, help="learn shortlists from this data directory's training split")
+    parser.add_argument("--files", type=Path, nargs="+", default=[], help="shortlist files to measure as they are")
     parser.add_argument("-i", "--input", type=Path, default=MULTI30K / "test_2016_flickr.en")
     parser.add_argument("--ref", type=Path, default=MULTI30K / "test_2016_flickr.de")
     parser.add_argument("--first", type=int, default=100)
@@ -106,6 +109,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, nargs="+", default=[0])
     parser.add_argument("--rounds", type=int, default=1, help="runs of each shortlist, each after a plain run")
     args = parser.parse_args()
+    if args.data is None and not args.files:
+        parser.error("give -d DATA_DIR (shortlists to learn) or --files (shortlists made)")
     torch.set_num_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()
     references = args.ref.read_text(encoding="utf-8").splitlines()
@@ -120,7 +125,8 @@ def main() -> None:
         results.append({**base, "run": "plain", "batch_size": batch_size,
                         **measured(args.model, None, batch_size, search, lines, references, bleu, plain, 1)})
     with tempfile.TemporaryDirectory() as tmp:
-        for best in args.best:
+        runs = [(str(path), path, {}) for path in args.files]
+        for best in args.best if args.data is not None else []:
             for method in args.methods:
                 start = time.perf_counter()
                 shortlist = make(args.data, args.first, best) if method == "ibm1" else dice(args.data, args.first,
@@ -128,13 +134,14 @@ def main() -> None:
                 learned = time.perf_counter() - start
                 path = Path(tmp) / f"{method}-{best}.txt"
                 shortlist.save(path)
-                columns = len(shortlist.columns(plain.source_ids(line) for line in lines[:64]))
-                for batch_size in args.batch_size:
-                    results.append({**base, "run": f"{method} first {args.first} best {best}",
-                                    "batch_size": batch_size or None, "learn_s": round(learned, 1),
-                                    "columns_of_64_lines": columns,
-                                    **measured(args.model, path, batch_size, search, lines, references, bleu, plain,
-                                               args.rounds)})
+                runs.append((f"{method} first {args.first} best {best}", path, {"learn_s": round(learned, 1)}))
+        for name, path, learning in runs:
+            columns = len(Shortlist.load(path).columns(plain.source_ids(line) for line in lines[:64]))
+            for batch_size in args.batch_size:
+                results.append({**base, "run": name, "batch_size": batch_size or None, **learning,
+                                "columns_of_64_lines": columns,
+                                **measured(args.model, path, batch_size, search, lines, references, bleu, plain,
+                                           args.rounds)})
     speed, _, _ = run(plain, lines, references)
     speeds.append(speed)
     print(json.dumps({**base, "run": "plain again", "lines_per_s": round(speed, 2)}), flush=True)
