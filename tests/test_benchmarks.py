@@ -280,6 +280,12 @@ def test_shortlist_speed(tmp_path):
     assert given["columns_of_64_lines"] < listed[0]["columns_of_64_lines"]  # best 1, not 2: the file's own
 
 
+def test_shortlist_speed_needs_shortlists_to_measure(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "shortlist_speed.py"), "-m", tmp_path / "none.pt"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "give -d DATA_DIR (shortlists to learn) or --files" in done.stderr
+
+
 @pytest.mark.parametrize("has_avx512, aten, onednn", [(True, "avx512", "AVX512_CORE"), (False, "avx2", "AVX2")])
 def test_the_avx512_kernel_path_is_forced_only_on_a_cpu_that_has_it(monkeypatch, has_avx512, aten, onednn):
     """Forced on a CPU without AVX-512, PyTorch's avx512 kernels die of SIGILL: the benchmarks take avx2 there."""

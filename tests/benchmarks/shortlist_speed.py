@@ -3,9 +3,9 @@
 [--threads 2]`.
 
 Learns shortlists of DATA_DIR's training split at --first 100 and each --best: IBM model 1's (what
-`nmt shortlist` makes, its time measured) and, for the choice of method, Dice's coefficient (2
-C(s, t) / (C(s) + C(t)) over sentence co-occurrences); with --files, also measures shortlist files
-as they are (`data/distill.sh`'s `shortlist.txt`, one of docs/shortlist.md's). Translates
+`nmt shortlist` makes, its time measured) and, for the choice of method, Dice's coefficient
+(2 C(s, t) / (C(s) + C(t)) over sentence co-occurrences); with --files, also measures shortlist
+files as they are (`data/distill.sh`'s `shortlist.txt`, one of docs/shortlist.md's). Translates
 Multi30k's test_2016_flickr plainly and with each, the model loaded once, the translation alone
 timed (the plain run before and after the others: the spread is the machine's noise). Prints one
 JSON line per run: lines/s, the speed-up over the mean of the plain runs, sacreBLEU and its change,
@@ -125,7 +125,7 @@ def main() -> None:
         results.append({**base, "run": "plain", "batch_size": batch_size,
                         **measured(args.model, None, batch_size, search, lines, references, bleu, plain, 1)})
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [(str(path), path, {}) for path in args.files]
+        runs = [(str(path), path, Shortlist.load(path), {}) for path in args.files]
         for best in args.best if args.data is not None else []:
             for method in args.methods:
                 start = time.perf_counter()
@@ -134,9 +134,10 @@ def main() -> None:
                 learned = time.perf_counter() - start
                 path = Path(tmp) / f"{method}-{best}.txt"
                 shortlist.save(path)
-                runs.append((f"{method} first {args.first} best {best}", path, {"learn_s": round(learned, 1)}))
-        for name, path, learning in runs:
-            columns = len(Shortlist.load(path).columns(plain.source_ids(line) for line in lines[:64]))
+                runs.append((f"{method} first {args.first} best {best}", path, shortlist,
+                             {"learn_s": round(learned, 1)}))
+        for name, path, shortlist, learning in runs:
+            columns = len(shortlist.columns(plain.source_ids(line) for line in lines[:64]))
             for batch_size in args.batch_size:
                 results.append({**base, "run": name, "batch_size": batch_size or None, **learning,
                                 "columns_of_64_lines": columns,
