@@ -29,7 +29,7 @@ from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason, remove_stale_temporaries, replacing
 from nmt_cli.model import Transformer
-from nmt_cli.release import Released
+from nmt_cli.released import Released
 from nmt_cli.version import __version__
 from nmt_cli.vocab import PAD_ID, SPECIALS, Vocabulary
 

@@ -20,7 +20,7 @@ from nmt_cli.config import TrainConfig
 from nmt_cli.data import ParallelData, length_buckets, shuffled, token_batches
 from nmt_cli.datadir import DataDir
 from nmt_cli.errors import NmtError
-from nmt_cli.trainer import Runtime
+from nmt_cli.runtime import Runtime
 
 
 def check_lengths(data_dir: Path, trains: list[ParallelData], valid: ParallelData | None, max_positions: int) -> None:

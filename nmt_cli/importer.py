@@ -25,9 +25,10 @@ from torch import Tensor
 from nmt_cli.checkpoint import FORMAT_VERSION, checked_model, save
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.release import Release, Released, sines_then_cosines
+from nmt_cli.release import Release, sines_then_cosines
 from nmt_cli.release_marian import read_marian
 from nmt_cli.release_transformers import read_transformers
+from nmt_cli.released import Released
 from nmt_cli.version import __version__
 from nmt_cli.vocab import SPECIALS
 

@@ -1,8 +1,8 @@
 """Released models: a `Release` as `nmt import` reads it (release_transformers.py,
 release_marian.py), before importer.py makes it ours (its architecture, its weights under our
 names but in Marian's layouts, its vocabularies with the ids of their special roles, its
-SentencePiece models and decoding settings), the reading both release formats share, Marian's
-layout of the sinusoid, and what a checkpoint keeps of its release (`Released`)."""
+SentencePiece models and decoding settings), the reading both release formats share, and Marian's
+layout of the sinusoid."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from nmt_cli.architecture import ModelConfig
-from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.pieces import load_sentencepiece
 from nmt_cli.vocab import SPECIALS
@@ -24,38 +23,6 @@ from nmt_cli.vocab import SPECIALS
 def sines_then_cosines(d_model: int) -> torch.Tensor:
     """Marian's dimension i is our dimension order[i]: our sin/cos pairs, sines first."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
-
-
-@dataclass(frozen=True)
-class Released:
-    """What a checkpoint keeps of where its model was released (`nmt import`), through fine-tuning
-    too: the search options it is run with (the defaults of `nmt translate`, the Python API and
-    the server; SearchConfig fields), the target tokens it never outputs, and its origin."""
-
-    search: dict[str, Any] = field(default_factory=dict)
-    never_output: tuple[str, ...] = ()
-    origin: str | None = None
-
-    def to_dict(self) -> dict[str, Any] | None:
-        """The checkpoint's "released" entry (None for a model trained here from nothing)."""
-        if self == Released():
-            return None
-        return {"search": dict(self.search), "never_output": list(self.never_output), "origin": self.origin}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> Released:
-        """The entry checked: a damaged one is a ValueError or TypeError naming what is wrong."""
-        if d is None:
-            return cls()
-        if not isinstance(d, dict) or set(d) != {"search", "never_output", "origin"} or \
-                not isinstance(d["search"], dict):
-            raise ValueError("released is not a description of a released model")
-        if not isinstance(d["origin"], (str, type(None))):
-            raise TypeError("released.origin is not a string")
-        SearchConfig(**d["search"])  # unknown options and bad values raise
-        if not isinstance(d["never_output"], (list, tuple)) or not all(isinstance(t, str) for t in d["never_output"]):
-            raise TypeError("released.never_output is not a list of tokens")
-        return cls(dict(d["search"]), tuple(d["never_output"]), d["origin"])
 
 
 @dataclass

@@ -22,8 +22,8 @@ from nmt_cli import checkpoint as ckpt
 from nmt_cli.errors import NmtError
 from nmt_cli.files import replacing
 from nmt_cli.model import Transformer
-from nmt_cli.release import Released
-from nmt_cli.trainer import Runtime
+from nmt_cli.released import Released
+from nmt_cli.runtime import Runtime
 from nmt_cli.vocab import Vocabulary
 
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")

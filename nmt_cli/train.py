@@ -40,10 +40,11 @@ from nmt_cli.model import Transformer
 from nmt_cli.peers import rank_map
 from nmt_cli.pipeline import TextPipeline
 from nmt_cli.progress import Progress, Stop
-from nmt_cli.release import Released
+from nmt_cli.released import Released
 from nmt_cli.runlog import RunLog
+from nmt_cli.runtime import set_up_runtime
 from nmt_cli.savedir import SaveDir, set_rng_state
-from nmt_cli.trainer import SkipGuard, Trainer, set_up_runtime
+from nmt_cli.trainer import SkipGuard, Trainer
 from nmt_cli.vocab import PAD_ID
 
 if TYPE_CHECKING:

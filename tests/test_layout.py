@@ -10,13 +10,14 @@ MODULE_LINES = 400
 # Lowest first: a module imports modules of its own layer or of lower ones, never of a higher one.
 LAYERS = (
     ("foundations", {"errors", "version", "options", "files", "lines", "vocab", "moses"}),
-    ("settings, text and data", {"architecture", "config", "run_config", "bpe", "pieces", "text", "data", "datadir"}),
+    ("settings, text and data", {"architecture", "config", "run_config", "released", "bpe", "pieces", "text",
+                                 "data", "datadir"}),
     ("the paper's model", {"model"}),
     ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "controls", "constraints", "ensemble",
                                  "search", "sampling"}),
     ("models in use", {"checkpoint", "averaging", "report", "shortlist", "generator", "pipeline", "records", "peers",
-                       "schedule", "trainer", "epochs", "progress", "runlog", "savedir", "workers", "score", "plot",
-                       "release", "release_transformers", "release_marian"}),
+                       "schedule", "runtime", "trainer", "epochs", "progress", "runlog", "savedir", "workers", "score",
+                       "plot", "release", "release_transformers", "release_marian"}),
     ("the commands and the API", {"translator", "card", "translate", "train", "preprocess", "export", "marian", "serve",
                                   "importer", "batcher", "connections", "schemas", "access", "metrics", "pairs",
                                   "libretranslate"}),

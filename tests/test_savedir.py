@@ -10,8 +10,8 @@ from nmt_cli.architecture import PRESETS
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
+from nmt_cli.runtime import Runtime
 from nmt_cli.savedir import SaveDir, rng_state, set_rng_state
-from nmt_cli.trainer import Runtime
 from nmt_cli.vocab import PAD_ID, Vocabulary
 
 VOCAB = Vocabulary(list("abcdef"))

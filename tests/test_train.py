@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir
 
 from nmt_cli import checkpoint as ckpt
-from nmt_cli import device, train, trainer
+from nmt_cli import device, runtime, train, trainer
 from nmt_cli.architecture import PRESETS
 from nmt_cli.cli import main
 from nmt_cli.config import TrainConfig
@@ -98,7 +98,7 @@ def test_a_bf16_update_agrees_with_fp32(tmp_path, device):
     batch = run.train.collate(np.arange(16), 8)
     grads = {}
     for dtype in (torch.float32, torch.bfloat16):
-        trainer_ = trainer.Trainer(run.model.eval(), run.config, trainer.Runtime(torch.device(device), dtype))
+        trainer_ = trainer.Trainer(run.model.eval(), run.config, runtime.Runtime(torch.device(device), dtype))
         run.model.zero_grad()
         loss, _, tokens = trainer_.loss(trainer_.losses, batch)
         (loss / tokens).backward()
@@ -367,7 +367,7 @@ def test_two_nodes_train_as_one_process_and_resume_across_process_counts(tmp_pat
 def _agree_in_process(rank: int, init_file: str, flags: list[tuple[bool, ...]], out: str) -> None:
     import torch.distributed as dist
 
-    from nmt_cli.trainer import Runtime
+    from nmt_cli.runtime import Runtime
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=len(flags))
     agreed = Runtime(torch.device("cpu"), torch.float32, rank=rank, world=len(flags)).agree(*flags[rank])
@@ -591,7 +591,8 @@ def test_max_time_stops_training_with_a_final_validation_and_checkpoint(tmp_path
 
 
 def test_fp16_loss_scale_changes_are_reported(tmp_path, capsys):
-    from nmt_cli.trainer import Runtime, SkipGuard, Trainer
+    from nmt_cli.runtime import Runtime
+    from nmt_cli.trainer import SkipGuard, Trainer
 
     data = synthetic_data_dir(tmp_path)
     run = run_training(data, tmp_path / "ck", max_updates=3)
@@ -627,7 +628,8 @@ def test_data_directory_errors(tmp_path):
 
 def test_adam_is_fused_where_torch_can_and_unfused_where_it_cannot(monkeypatch):
     from nmt_cli.model import Transformer
-    from nmt_cli.trainer import Runtime, Trainer
+    from nmt_cli.runtime import Runtime
+    from nmt_cli.trainer import Trainer
 
     model = Transformer(LEARNER, 20, 20, PAD_ID, True)
     runtime = Runtime(torch.device("cpu"), torch.float32)
@@ -645,7 +647,8 @@ def test_adam_is_fused_where_torch_can_and_unfused_where_it_cannot(monkeypatch):
 
 def test_projecting_every_position_gives_the_loss_and_gradients_of_projecting_real_ones(tmp_path):
     """The GPU's way (no boolean index, padding masked in the loss) against the CPU's."""
-    from nmt_cli.trainer import Runtime, Trainer
+    from nmt_cli.runtime import Runtime
+    from nmt_cli.trainer import Trainer
 
     torch.manual_seed(0)
     run = run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", LEARNER)
@@ -668,7 +671,7 @@ def test_projecting_every_position_gives_the_loss_and_gradients_of_projecting_re
 def test_training_on_the_cpu_keeps_freed_memory_for_reuse(monkeypatch):
     calls = []
     monkeypatch.setattr(device, "keep_freed_memory", lambda: calls.append(True))
-    assert trainer.set_up_runtime(TrainConfig(device="cpu")).device.type == "cpu"
+    assert runtime.set_up_runtime(TrainConfig(device="cpu")).device.type == "cpu"
     assert calls == [True]
 
 

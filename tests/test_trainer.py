@@ -10,7 +10,8 @@ from nmt_cli.architecture import PRESETS
 from nmt_cli.config import TrainConfig
 from nmt_cli.data import Batch
 from nmt_cli.model import Transformer
-from nmt_cli.trainer import Runtime, Trainer, WeightAverage
+from nmt_cli.runtime import Runtime
+from nmt_cli.trainer import Trainer, WeightAverage
 from nmt_cli.vocab import PAD_ID
 
 
@@ -171,7 +172,7 @@ def test_a_process_whose_peers_never_start_ends_with_a_line(monkeypatch):
     from conftest import free_port
 
     from nmt_cli.errors import NmtError
-    from nmt_cli.trainer import set_up_runtime
+    from nmt_cli.runtime import set_up_runtime
 
     for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": str(free_port())}.items():

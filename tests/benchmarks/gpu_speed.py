@@ -43,7 +43,8 @@ from nmt_cli.config import TrainConfig
 from nmt_cli.data import ParallelData, Prefetcher, length_buckets, padded_length, shapes_and_padding, token_batches
 from nmt_cli.device import steps_between_reads
 from nmt_cli.model import Transformer, positional_encoding
-from nmt_cli.trainer import Runtime, Trainer, set_up_runtime
+from nmt_cli.runtime import Runtime, set_up_runtime
+from nmt_cli.trainer import Trainer
 from nmt_cli.vocab import PAD_ID
 
 

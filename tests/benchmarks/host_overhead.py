@@ -52,8 +52,9 @@ from nmt_cli.data import Batch, token_batches
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.kernels import use_fast_paths
 from nmt_cli.model import Transformer
+from nmt_cli.runtime import Runtime
 from nmt_cli.search import beam_search
-from nmt_cli.trainer import Runtime, Trainer
+from nmt_cli.trainer import Trainer
 from nmt_cli.vocab import PAD_ID
 
 META = torch.device("meta")

@@ -31,7 +31,7 @@ from common import SHARED
 from nmt_cli import checkpoint as ckpt
 from nmt_cli.config import SearchConfig
 from nmt_cli.model import Transformer
-from nmt_cli.release import Released
+from nmt_cli.released import Released
 from nmt_cli.run_config import RunConfig
 from nmt_cli.translator import Translator
 from nmt_cli.vocab import PAD_ID
