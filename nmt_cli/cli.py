@@ -10,14 +10,14 @@ from typing import Any
 
 import click
 
-from nmt_cli.architecture import ModelConfig
-from nmt_cli.card import CardConfig
 from nmt_cli.command import Group
 from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig
+from nmt_cli.corpus.report import print_summary, print_table
 from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
+from nmt_cli.interop.card import CardConfig
+from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.options import flag_name
-from nmt_cli.report import print_summary, print_table
 from nmt_cli.run_config import RunConfig, ServeConfig, TranslateConfig
 from nmt_cli.version import __version__
 
@@ -52,7 +52,7 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | N
         if given:
             raise click.UsageError(f"--{given[0].replace('_', '-')} describes an architecture; -m describes the "
                                    "checkpoint's own")
-        from nmt_cli.checkpoint import load_bundle
+        from nmt_cli.model.checkpoint import load_bundle
 
         about = load_bundle(model).summary()
         if as_json:
@@ -65,7 +65,7 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | N
     config = build_model_config(arch, overrides)
     shared = tgt_vocab_size is None
     params = config.num_parameters(vocab_size, tgt_vocab_size or vocab_size, shared)
-    from nmt_cli.architecture import paper_row
+    from nmt_cli.model.architecture import paper_row
 
     row = paper_row(config)
     result = {
@@ -107,8 +107,8 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
     vocabularies, and token ids as memory-mapped arrays."""
     import tempfile
 
-    from nmt_cli.datadir import DataDir
-    from nmt_cli.preprocess import model_pipeline, preprocess
+    from nmt_cli.corpus.datadir import DataDir
+    from nmt_cli.corpus.preprocess import model_pipeline, preprocess
 
     text = build(TextConfig, **fields_of(TextConfig, options))
     if from_data is not None and from_model is not None:
@@ -150,7 +150,7 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
     """Train a Transformer with the paper's regime.
 
     Resumable (run the same command again); torchrun for many GPUs and machines (docs/distributed.md)."""
-    from nmt_cli.train import TrainingRun, fine_tuning_config
+    from nmt_cli.train.run import TrainingRun, fine_tuning_config
 
     if init_from is None:
         model_config = build_model_config(arch, options)
@@ -174,9 +174,9 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
 def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: Path | None, last: int,
                         output: Path) -> None:
     """Average the parameters of checkpoints (§6.1)."""
-    from nmt_cli.averaging import average
-    from nmt_cli.checkpoint import save
-    from nmt_cli.savedir import last_checkpoints
+    from nmt_cli.model.averaging import average
+    from nmt_cli.model.checkpoint import save
+    from nmt_cli.train.savedir import last_checkpoints
 
     if bool(checkpoints) == bool(save_dir):
         raise click.UsageError("give either --inputs A.pt B.pt ... or --dir SAVE_DIR [--last N]")
@@ -209,7 +209,7 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
     import atexit
     import gc
 
-    from nmt_cli.translate import translate_file
+    from nmt_cli.decode.translate import translate_file
 
     # The interpreter's last garbage collection, at exit, would walk every object torch made, for
     # nothing: tenths of a second of a short translation. Frozen objects are left out of it.
@@ -244,8 +244,8 @@ def shortlist(data_dir: Path, output: Path, first: int, best: int) -> None:
     """Learn a lexical shortlist from training data.
 
     For `nmt translate --shortlist` (the API, the server, CTranslate2): faster CPU decoding."""
+    from nmt_cli.decode.shortlist import make
     from nmt_cli.files import destination
-    from nmt_cli.shortlist import make
 
     if first == best == 0:
         raise click.UsageError("--first 0 --best 0 would shortlist no token; give either")
@@ -264,9 +264,9 @@ def import_model(source: Path, output: Path) -> None:
     SOURCE: a Hugging Face MarianMTModel directory (the OPUS-MT models) or Marian's own release
     (model.npz, decoder.yml, vocabularies, .spm files). The checkpoint translates, serves, scores,
     exports and fine-tunes like one trained here, with the release's decoding settings as defaults."""
-    from nmt_cli.checkpoint import bundle_of
     from nmt_cli.files import destination
-    from nmt_cli.importer import import_model
+    from nmt_cli.interop.importer import import_model
+    from nmt_cli.model.checkpoint import bundle_of
 
     checkpoint = import_model(source, destination(output, "checkpoint"),
                               warn=lambda message: click.echo(message, err=True))
@@ -298,8 +298,8 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None, shortl
     """Export to CTranslate2, transformers or safetensors.
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
-    from nmt_cli.checkpoint import load, load_bundle, save_safetensors
     from nmt_cli.files import destination
+    from nmt_cli.model.checkpoint import load, load_bundle, save_safetensors
 
     output = destination(output, "export")
     flags = {"quantization": ("--quantization", "ctranslate2"), "shortlist": ("--shortlist", "ctranslate2"),
@@ -314,14 +314,14 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None, shortl
             raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
         save_safetensors(load(model), output)
     elif fmt == "transformers":
-        from nmt_cli.card import evaluate
-        from nmt_cli.marian import save_transformers
+        from nmt_cli.interop.card import evaluate
+        from nmt_cli.interop.export_transformers import save_transformers
 
         card_config = build(CardConfig, **card)
         save_transformers(load(model), model, output, card_config, [evaluate(model, *pair) for pair in evaluations])
     else:
-        from nmt_cli.export import save_ctranslate2
-        from nmt_cli.translator import load_shortlist
+        from nmt_cli.decode.translator import load_shortlist
+        from nmt_cli.interop.export_ctranslate2 import save_ctranslate2
 
         bundle = load_bundle(model)
         save_ctranslate2(bundle, output, quantization, None if shortlist is None else load_shortlist(shortlist, bundle))
@@ -338,7 +338,7 @@ def serve(models: tuple[str, ...], **options: Any) -> None:
 
     nmt-cli's API and LibreTranslate's, a page at /; requests that arrive together share a search."""
     try:
-        from nmt_cli.serve import serve as run_server
+        from nmt_cli.serve.app import serve as run_server
     except ImportError as e:
         raise NmtError(f"nmt serve needs its extra ({e.name} is missing): pip install 'nmt-cli[serve]'") from None
     run_server(list(models), build(ServeConfig, **options))

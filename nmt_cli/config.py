@@ -185,7 +185,7 @@ _WORDS = (lambda c: not c.sentencepiece, "to --subword bpe (SentencePiece reads 
 
 @dataclass(frozen=True)
 class TextConfig(Options):
-    """How raw text becomes tokens (text.py); saved in the data directory and every checkpoint.
+    """How raw text becomes tokens (text/processor.py); saved in the data directory and every checkpoint.
     `tokenizer="none"` splits on whitespace only (any seq2seq task)."""
 
     source_lang: str = knob(MISSING, "Source suffix: PREFIX.SRC (or PREFIX.SRC.gz).", flags=("-s", "--source-lang"))

@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from nmt_cli.architecture import PRESETS, ModelConfig
 from nmt_cli.command import as_written
+from nmt_cli.model.architecture import PRESETS, ModelConfig
 from nmt_cli.options import check_applies, knob_problem
 
 

@@ -1,6 +1,6 @@
 """An option: a dataclass field with its default, help, range and the settings it applies to
 (`knob`), and the one check of a value against them (`knob_problem`), whichever way the value
-came: a flag (flags.py), a request (serve.py), a saved config, the Python API."""
+came: a flag (flags.py), a request (serve/schemas.py), a saved config, the Python API."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ class TranslateConfig(Options):
 
 @dataclass(frozen=True)
 class ServeConfig(Options):
-    """`nmt serve` (serve.py): where to listen, what a request may hold, how requests are batched."""
+    """`nmt serve` (serve/app.py): where to listen, what a request may hold, how requests are batched."""
 
     host: str = knob("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = knob(8080, "Port to listen on.", min=1, max=65535)

@@ -7,15 +7,15 @@ import math
 import torch
 from click.testing import CliRunner
 
-from nmt_cli.architecture import PRESETS
-from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TrainConfig
-from nmt_cli.model import Transformer
+from nmt_cli.decode.translator import Translator
+from nmt_cli.model.architecture import PRESETS
+from nmt_cli.model.checkpoint import load_bundle
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.run_config import RunConfig
-from nmt_cli.train import TrainingRun
-from nmt_cli.translator import Translator
-from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.train.run import TrainingRun
 
 # ---------------------------------------------------------------------------- models
 
@@ -74,7 +74,7 @@ def whole_shortlist(source_tokens, target_tokens):
     """A shortlist whose frequent tokens are the whole target vocabulary: it leaves every output as it is."""
     import numpy as np
 
-    from nmt_cli.shortlist import Shortlist, vocabulary_digest
+    from nmt_cli.decode.shortlist import Shortlist, vocabulary_digest
 
     return Shortlist(np.full((len(source_tokens), 0), -1), np.arange(len(target_tokens)),
                      vocabulary_digest(source_tokens), vocabulary_digest(target_tokens), len(target_tokens))

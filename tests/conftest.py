@@ -125,7 +125,7 @@ def synthetic_data_dir(tmp_path: Path, n_train: int = 400, n_valid: int = 40, ta
                        seed: int = 0, joined_dictionary: bool = True, **kwargs) -> Path:
     """A data directory made by `nmt preprocess` from a synthetic task (whitespace tokens, no BPE)."""
     from nmt_cli.config import PreprocessConfig, TextConfig
-    from nmt_cli.preprocess import preprocess
+    from nmt_cli.corpus.preprocess import preprocess
 
     raw = tmp_path / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -145,11 +145,11 @@ def tiny_checkpoint(path: Path, seed: int = 0, symbols: Sequence[str] = SYMBOLS,
     """An untrained tiny model over whitespace tokens, saved as a self-describing checkpoint."""
     import torch
 
-    from nmt_cli import checkpoint as ckpt
-    from nmt_cli.architecture import PRESETS
     from nmt_cli.config import TextConfig
-    from nmt_cli.model import Transformer
-    from nmt_cli.vocab import PAD_ID, Vocabulary
+    from nmt_cli.model import checkpoint as ckpt
+    from nmt_cli.model.architecture import PRESETS
+    from nmt_cli.model.transformer import Transformer
+    from nmt_cli.text.vocab import PAD_ID, Vocabulary
 
     torch.manual_seed(seed)
     vocab = Vocabulary(list(symbols))
@@ -163,9 +163,9 @@ def tiny_checkpoint(path: Path, seed: int = 0, symbols: Sequence[str] = SYMBOLS,
 def tiny_sentencepiece_checkpoint(path: Path, seed: int = 0) -> Path:
     """An untrained tiny model over the pieces of a small SentencePiece model of the synthetic
     tasks' letters (a joint vocabulary), saved as a self-describing checkpoint."""
-    from nmt_cli import checkpoint as ckpt
     from nmt_cli.config import TextConfig
-    from nmt_cli.pieces import learn_sentencepiece, load_sentencepiece
+    from nmt_cli.model import checkpoint as ckpt
+    from nmt_cli.text.pieces import learn_sentencepiece, load_sentencepiece
 
     lines = [s for pair in synthetic_pairs(200, seed, "upper") for s in pair]
     pieces = learn_sentencepiece(lines, 40, "unigram")
@@ -273,10 +273,10 @@ def cli(*args, input=None):
 def exported(request, tmp_path_factory):
     """A tiny SentencePiece model trained for seconds to copy letters (shared vocabulary) or copy
     them in capitals (separate vocabularies), exported; with the raw valid sources."""
-    from nmt_cli import checkpoint as ckpt
-    from nmt_cli.architecture import PRESETS
     from nmt_cli.config import TrainConfig
-    from nmt_cli.train import TrainingRun
+    from nmt_cli.model import checkpoint as ckpt
+    from nmt_cli.model.architecture import PRESETS
+    from nmt_cli.train.run import TrainingRun
 
     shared = request.param == "shared"
     tmp = tmp_path_factory.mktemp(request.param)

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
 
-from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
+from nmt_cli.model import checkpoint as ckpt
 
 
 @dataclass
@@ -129,14 +129,14 @@ def shorten_dictionary(data):
 
 
 def long_valid_line(data):
-    from nmt_cli.data import ArrayWriter
+    from nmt_cli.corpus.data import ArrayWriter
 
     writer = ArrayWriter(data / "valid.src", np.dtype(json.loads((data / "meta.json").read_text())["dtype"]))
     for i in range(8):
         writer.add([5] * (2000 if i == 3 else 3))
     writer.close()
     meta = json.loads((data / "meta.json").read_text())  # checksums made right: only the length is wrong
-    from nmt_cli.datadir import sha256
+    from nmt_cli.corpus.datadir import sha256
 
     meta["checksums"].update({name: sha256(data / name) for name in ("valid.src.bin", "valid.src.idx")})
     (data / "meta.json").write_text(json.dumps(meta))
@@ -306,7 +306,7 @@ def test_a_full_stdout_is_one_line_and_a_closed_pipe_a_quiet_end(tmp_path):
 def test_a_model_too_large_to_make_is_one_line_with_the_memory_it_needs(tmp_path, monkeypatch):
     """`--d-model 65536 --heads 1` is in the flags' ranges; PyTorch's allocator refuses the model
     (here made to refuse at once: a machine with more memory would first fill it)."""
-    from nmt_cli import train
+    from nmt_cli.train import run as train
 
     def refused(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "

@@ -20,7 +20,7 @@ def saved_whole_shortlist(model: Path, path: Path) -> Path:
     """A shortlist of the checkpoint's whole target vocabulary (its outputs unchanged), saved at `path`."""
     from builders import whole_shortlist
 
-    from nmt_cli.checkpoint import load_bundle
+    from nmt_cli.model.checkpoint import load_bundle
 
     bundle = load_bundle(model)
     whole_shortlist(bundle.src_vocab.tokens, bundle.tgt_vocab.tokens).save(path)
@@ -270,7 +270,7 @@ def test_shortlist_speed(tmp_path):
     *_, paired = run("shortlist_speed.py", "-m", tmp_path / "ck/checkpoint_last.pt", "-d", data, "-i", source, "--ref",
                      source, "--best", 2, "--first", 3, "--threads", 1, "--methods", "ibm1", "--rounds", 2)
     assert len(paired["plain_lines_per_s"]) == len(paired["listed_lines_per_s"]) == 2 and paired["paired_speed_up"] > 0
-    from nmt_cli.shortlist import make
+    from nmt_cli.decode.shortlist import make
 
     made = tmp_path / "made.txt"
     make(data, 3, 1).save(made)

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import synthetic_data_dir, tiny_checkpoint
 
-from nmt_cli import checkpoint as ckpt
 from nmt_cli.cli import main
 from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig
+from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.run_config import RunConfig, TranslateConfig
 from nmt_cli.version import __version__
 

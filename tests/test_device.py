@@ -80,8 +80,8 @@ def test_native_bf16_on_the_cpu_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, 
 
 def test_quantize_with_device_auto_runs_on_the_cpu_where_there_is_a_gpu(tmp_path, monkeypatch):
     """int8 matmuls are a CPU kernel: with --quantize, device auto means the CPU on a GPU machine too."""
+    from nmt_cli.decode.translator import Translator
     from nmt_cli.run_config import RunConfig
-    from nmt_cli.translator import Translator
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert RunConfig(quantize="int8").run_on == "cpu" and RunConfig().run_on == "auto"
@@ -107,7 +107,7 @@ def test_translator_load_changes_no_setting_of_the_callers_process_but_the_threa
     monkeypatch.setattr(device, "keep_freed_memory", lambda: changed.append("malloc"))
     threads = torch.get_num_threads()
     model = tiny_checkpoint(tmp_path / "m.pt")
-    from nmt_cli.translator import Translator
+    from nmt_cli.decode.translator import Translator
 
     Translator.load(model, device="cpu")
     assert changed == [] and torch.get_num_threads() == threads

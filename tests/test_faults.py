@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import synthetic_data_dir
 
-from nmt_cli import checkpoint as ckpt
+from nmt_cli.model import checkpoint as ckpt
 
 UPDATES = 40
 
@@ -107,7 +107,7 @@ def test_a_failing_process_stops_the_others(tmp_path):
     data = synthetic_data_dir(tmp_path)
     wrapper = tmp_path / "fail_on_rank1.py"
     wrapper.write_text(
-        "from nmt_cli import trainer\n"
+        "from nmt_cli.train import trainer\n"
         "real = trainer.Trainer.update\n"
         "def update(self, batches, tokens, step, counted):\n"
         "    if self.runtime.rank == 1 and step == 3:\n"

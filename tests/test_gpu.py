@@ -1,7 +1,7 @@
 """On a CUDA GPU: resume in bf16, a GPU checkpoint on a CPU; the
 search's results and its reads back to the host.
 
-Skipped where there is no CUDA device (the CPU paths are covered by test_train.py).
+Skipped where there is no CUDA device (the CPU paths are covered by train/test_run.py).
 """
 
 import json
@@ -15,15 +15,15 @@ from builders import TRAIN_TINY as TINY
 from click.testing import CliRunner
 from conftest import request, serving, synthetic_data_dir
 
-from nmt_cli import checkpoint as ckpt
-from nmt_cli import kernels
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig
-from nmt_cli.ensemble import Ensemble
+from nmt_cli.decode.ensemble import Ensemble
+from nmt_cli.decode.search import beam_search
+from nmt_cli.decode.translate import translate_lines
+from nmt_cli.decode.translator import Translator
+from nmt_cli.model import checkpoint as ckpt
+from nmt_cli.model import kernels
 from nmt_cli.run_config import RunConfig
-from nmt_cli.search import beam_search
-from nmt_cli.translate import translate_lines
-from nmt_cli.translator import Translator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

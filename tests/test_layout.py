@@ -1,33 +1,40 @@
-"""The package's shape: modules in layers that import only downward, no import circles, model.py
-the paper alone (torch and its architecture), and no module over 400 lines."""
+"""The package's shape: feature folders (wings) that import only the wings their rule names, the
+root's foundations beneath them all and the command line above; no import circles; the paper's
+model alone in model/transformer.py; no module over 400 lines."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nmt_cli"
 MODULE_LINES = 400
+ROOT_MODULES = 15
 
-# Lowest first: a module imports modules of its own layer or of lower ones, never of a higher one.
-LAYERS = (
-    ("foundations", {"errors", "version", "options", "files", "lines", "vocab", "moses"}),
-    ("settings, text and data", {"architecture", "config", "run_config", "released", "bpe", "pieces", "text",
-                                 "data", "datadir"}),
-    ("the paper's model", {"model"}),
-    ("fast paths and decoding", {"kernels", "device", "decoding", "graphs", "controls", "constraints", "ensemble",
-                                 "search", "sampling"}),
-    ("models in use", {"checkpoint", "averaging", "report", "shortlist", "generator", "pipeline", "records", "peers",
-                       "schedule", "runtime", "trainer", "epochs", "progress", "runlog", "savedir", "workers", "score",
-                       "plot", "release", "release_transformers", "release_marian"}),
-    ("the commands and the API", {"translator", "card", "translate", "train", "preprocess", "export", "marian", "serve",
-                                  "importer", "batcher", "connections", "schemas", "access", "metrics", "pairs",
-                                  "libretranslate"}),
-    ("the command line and the package", {"flags", "command", "cli", "__main__", "__init__"}),
-)
+# The root: foundations and settings, which import only each other, and the command line and the
+# package, which may import anything.
+FOUNDATIONS = {"errors", "version", "options", "files", "lines", "config", "run_config", "device", "score", "plot"}
+ENTRY = {"cli", "command", "flags", "__main__", "__init__"}
+# Each wing and the wings it may import (the root's foundations always), in the order they build on each other.
+WINGS = {
+    "text": (),
+    "model": ("text",),
+    "corpus": ("text", "model"),
+    "decode": ("text", "model", "corpus"),
+    "train": ("text", "model", "corpus", "decode"),
+    "serve": ("text", "model", "decode"),
+    "interop": ("text", "model", "decode"),
+}
+
+
+def module_name(path: Path) -> str:
+    """`decode.search` for nmt_cli/decode/search.py, `files` for nmt_cli/files.py."""
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
 
 
 def module_imports(path: Path) -> tuple[set[str], set[str]]:
-    """The package modules and the other top-level modules that a module imports, anywhere in it
-    (a function's import too), except under `if TYPE_CHECKING:` (types only)."""
+    """The package modules (dotted below nmt_cli) and the other top-level modules that a module
+    imports, anywhere in it (a function's import too), except under `if TYPE_CHECKING:` (types
+    only)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skipped = {id(n) for node in ast.walk(tree)
                if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING" for n in ast.walk(node)}
@@ -35,30 +42,65 @@ def module_imports(path: Path) -> tuple[set[str], set[str]]:
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "nmt_cli":
-                ours |= {alias.name for alias in node.names}
-            elif node.module.startswith("nmt_cli."):
-                ours.add(node.module.split(".")[1])
-            elif node.level == 0:
-                others.add(node.module.split(".")[0])
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "nmt_cli":
+            below = node.module.removeprefix("nmt_cli").lstrip(".")
+            for alias in node.names:  # a name is a module of that folder, or a name of the module
+                dotted = f"{below}.{alias.name}".lstrip(".")
+                ours.add(dotted if (PACKAGE / f"{dotted.replace('.', '/')}.py").exists() else below)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            others.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                (ours.add(alias.name.split(".")[1]) if alias.name.startswith("nmt_cli.")
+                (ours.add(alias.name.removeprefix("nmt_cli.")) if alias.name.startswith("nmt_cli.")
                  else others.add(alias.name.split(".")[0]))
-    return ours - {path.stem}, others
+    own = module_name(path) if path.is_relative_to(PACKAGE) else path.stem
+    return ours - {own, ""}, others
 
 
 def graph() -> dict[str, set[str]]:
-    return {path.stem: module_imports(path)[0] for path in PACKAGE.glob("*.py")}
+    return {module_name(path): module_imports(path)[0] for path in PACKAGE.rglob("*.py")}
 
 
-def test_every_module_has_a_layer_and_imports_only_downward():
-    layer = {name: level for level, (_, names) in enumerate(LAYERS) for name in names}
-    assert set(graph()) == set(layer), "a module without a layer, or a layer naming no module"
-    upward = [f"{module} ({LAYERS[layer[module]][0]}) imports {other} ({LAYERS[layer[other]][0]})"
-              for module, imported in graph().items() for other in imported if layer[other] > layer[module]]
-    assert not upward, "\n".join(upward)
+def place(module: str) -> str:
+    """A module's wing, or `foundations` or `entry` at the root."""
+    if "." in module:
+        return module.split(".")[0]
+    return "foundations" if module in FOUNDATIONS else "entry" if module in ENTRY else "unplaced"
+
+
+def may_import(importer: str, imported: str) -> bool:
+    here, there = place(importer), place(imported)
+    if here == "entry" or there == "foundations" or here == there:
+        return True
+    return here in WINGS and there in WINGS[here]
+
+
+def test_every_module_has_a_place_and_a_wing_a_rule():
+    root = {path.stem for path in PACKAGE.glob("*.py")}
+    assert root == FOUNDATIONS | ENTRY, "a root module without a place, or a place naming no module"
+    assert len(root) <= ROOT_MODULES
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders == set(WINGS), "a folder without a rule, or a rule naming no folder"
+
+
+def test_each_wing_imports_only_what_its_rule_allows():
+    broken = [f"{module} ({place(module)}) imports {other} ({place(other)})"
+              for module, imported in sorted(graph().items()) for other in sorted(imported)
+              if not may_import(module, other)]
+    assert not broken, "\n".join(broken)
+
+
+def test_each_wings_docstring_says_what_it_holds_and_may_import():
+    for wing, allowed in WINGS.items():
+        doc = ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text(encoding="utf-8")))
+        folders = [f"{name}/" for name in allowed]
+        rule = ("It imports the root's foundations only." if not folders else
+                f"It imports the root's foundations{', ' if len(folders) > 1 else ' and '}"
+                f"{', '.join(folders[:-1])}{' and ' if len(folders) > 1 else ''}{folders[-1]}.")
+        assert doc and doc.endswith(rule), f"{wing}/__init__.py should end with: {rule}"
+        modules = {path.stem for path in (PACKAGE / wing).glob("*.py")} - {"__init__"}
+        unnamed = [m for m in sorted(modules) if not re.search(rf"\b{m}\b", doc)]
+        assert not unnamed, f"{wing}/__init__.py does not say what {unnamed} holds"
 
 
 def test_no_import_circles():
@@ -69,7 +111,7 @@ def test_no_import_circles():
         if module in done:
             return
         path.append(module)
-        for other in sorted(imports[module]):
+        for other in sorted(imports.get(module, ())):
             visit(other)
         path.pop()
         done.add(module)
@@ -79,24 +121,29 @@ def test_no_import_circles():
 
 
 def test_the_model_is_the_paper_alone():
-    """model.py imports torch and its architecture only: the fast paths (kernels.py), the search's
-    decoding (decoding.py) and quantization reach it from outside, as module swaps."""
-    ours, others = module_imports(PACKAGE / "model.py")
-    assert ours == {"architecture"} and others <= {"__future__", "math", "typing", "torch"}, (ours, others)
-    source = (PACKAGE / "model.py").read_text(encoding="utf-8")
+    """model/transformer.py imports torch and its architecture only: the fast paths (kernels), the
+    search's decoding (decode/incremental) and quantization reach it from outside, as module swaps."""
+    ours, others = module_imports(PACKAGE / "model/transformer.py")
+    assert ours == {"model.architecture"} and others <= {"__future__", "math", "typing", "torch"}, (ours, others)
+    source = (PACKAGE / "model/transformer.py").read_text(encoding="utf-8")
     for marker in ("torch.ops.", "mkldnn", "device.type", "is_cuda", "ctypes", "int8_projection", "step: bool"):
         assert marker not in source, marker
 
 
 def test_no_module_is_over_400_lines():
-    long = {path.name: n for path in PACKAGE.glob("*.py") if (n := len(path.read_text().splitlines())) > MODULE_LINES}
+    long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > MODULE_LINES}
     assert not long, long
 
 
 def test_the_checks_catch_what_they_look_for(tmp_path):
-    """The import reader sees a function's import and skips a TYPE_CHECKING one."""
+    """The import reader sees a function's import, a module named from its folder and a name of a
+    module, and skips a TYPE_CHECKING one; the rule refuses an import a wing may not make."""
     module = tmp_path / "sample.py"
-    module.write_text("from typing import TYPE_CHECKING\nimport torch\nfrom nmt_cli import checkpoint as ckpt\n"
-                      "if TYPE_CHECKING:\n    from nmt_cli.model import Transformer\n"
-                      "def f():\n    from nmt_cli.search import beam_search\n")
-    assert module_imports(module) == ({"checkpoint", "search"}, {"typing", "torch"})
+    module.write_text("from typing import TYPE_CHECKING\nimport torch\nfrom nmt_cli.model import checkpoint as ckpt\n"
+                      "from nmt_cli import files\nif TYPE_CHECKING:\n    from nmt_cli.model.transformer import T\n"
+                      "def f():\n    from nmt_cli.decode.search import beam_search\n")
+    assert module_imports(module) == ({"model.checkpoint", "files", "decode.search"}, {"typing", "torch"})
+    assert not may_import("serve.app", "train.run") and not may_import("model.checkpoint", "decode.search")
+    assert not may_import("files", "text.vocab") and may_import("cli", "train.run")
+    assert may_import("decode.search", "decode.controls") and may_import("train.run", "decode.generator")

@@ -8,13 +8,13 @@ import torch
 from click.testing import CliRunner
 from conftest import block_import, synthetic_data_dir, tiny_checkpoint, write_lines
 
-from nmt_cli.architecture import PRESETS
-from nmt_cli.checkpoint import load_bundle
 from nmt_cli.cli import main
 from nmt_cli.config import TrainConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.model import Transformer
-from nmt_cli.train import TrainingRun
+from nmt_cli.model.architecture import PRESETS
+from nmt_cli.model.checkpoint import load_bundle
+from nmt_cli.model.transformer import Transformer
+from nmt_cli.train.run import TrainingRun
 
 
 def png_size(path):

@@ -3,7 +3,7 @@
 import ast
 from pathlib import Path
 
-SOURCES = sorted((Path(__file__).resolve().parent.parent / "nmt_cli").glob("*.py"))
+SOURCES = sorted((Path(__file__).resolve().parent.parent / "nmt_cli").rglob("*.py"))
 
 
 def calls(tree: ast.AST):

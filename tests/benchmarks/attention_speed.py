@@ -16,10 +16,10 @@ import time
 
 import torch
 
-import nmt_cli.model as model_module
-from nmt_cli import kernels
-from nmt_cli.architecture import PRESETS
+import nmt_cli.model.transformer as model_module
 from nmt_cli.device import tune
+from nmt_cli.model import kernels
+from nmt_cli.model.architecture import PRESETS
 
 
 def timed(attention: model_module.MultiHeadAttention, batch: int, length: int, causal: bool, backward: bool,

@@ -15,13 +15,13 @@ import numpy as np
 import sacrebleu
 import torch
 
-from nmt_cli.checkpoint import ModelBundle, load_bundle
 from nmt_cli.config import SearchConfig
-from nmt_cli.data import ArrayWriter, IndexedArray, ParallelData
+from nmt_cli.corpus.data import ArrayWriter, IndexedArray, ParallelData
+from nmt_cli.decode.search import Hypothesis
+from nmt_cli.decode.translator import Translator
+from nmt_cli.model.checkpoint import ModelBundle, load_bundle
 from nmt_cli.run_config import RunConfig
-from nmt_cli.search import Hypothesis
-from nmt_cli.translator import Translator
-from nmt_cli.vocab import EOS_ID
+from nmt_cli.text.vocab import EOS_ID
 
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 

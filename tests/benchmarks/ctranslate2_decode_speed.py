@@ -24,8 +24,8 @@ import ctranslate2
 import numpy as np
 from common import OurSide, decoding_arguments, reference_log_probs
 
-from nmt_cli.export import save_ctranslate2
-from nmt_cli.translator import load_shortlist
+from nmt_cli.decode.translator import load_shortlist
+from nmt_cli.interop.export_ctranslate2 import save_ctranslate2
 
 
 def main() -> None:

@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from common import decoding_arguments, timed
 
-from nmt_cli import search
-from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig
+from nmt_cli.decode import search
+from nmt_cli.decode.translator import Translator, load_shortlist
 from nmt_cli.device import select, tune
+from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig
-from nmt_cli.translator import Translator, load_shortlist
 
 
 def profiled(translator: Translator, sources: list[list[int]], path: Path) -> float | None:

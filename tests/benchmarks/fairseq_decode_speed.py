@@ -26,8 +26,8 @@ from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
-from nmt_cli.checkpoint import ModelBundle
-from nmt_cli.generator import batches
+from nmt_cli.decode.generator import batches
+from nmt_cli.model.checkpoint import ModelBundle
 
 
 def fairseq_rows(weight: torch.Tensor, start_row: int | None = None) -> torch.Tensor:

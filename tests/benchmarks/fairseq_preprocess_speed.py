@@ -22,7 +22,7 @@ from pathlib import Path
 from common import SHARED
 
 from nmt_cli.config import TextConfig
-from nmt_cli.text import TextProcessor
+from nmt_cli.text.processor import TextProcessor
 
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt_cli.data import IndexedArray
-from nmt_cli.datadir import DataDir
-from nmt_cli.vocab import Vocabulary
+from nmt_cli.corpus.data import IndexedArray
+from nmt_cli.corpus.datadir import DataDir
+from nmt_cli.text.vocab import Vocabulary
 
 
 def export_text(data_dir: Path, out: Path, split: str, lang: str, vocab: Vocabulary, dtype: np.dtype) -> None:

@@ -38,14 +38,21 @@ import torch
 import torch.nn.functional as F
 from common import HostWaits, wmt_like_pairs
 
-from nmt_cli.architecture import PRESETS, ModelConfig
 from nmt_cli.config import TrainConfig
-from nmt_cli.data import ParallelData, Prefetcher, length_buckets, padded_length, shapes_and_padding, token_batches
+from nmt_cli.corpus.data import (
+    ParallelData,
+    Prefetcher,
+    length_buckets,
+    padded_length,
+    shapes_and_padding,
+    token_batches,
+)
 from nmt_cli.device import steps_between_reads
-from nmt_cli.model import Transformer, positional_encoding
-from nmt_cli.runtime import Runtime, set_up_runtime
-from nmt_cli.trainer import Trainer
-from nmt_cli.vocab import PAD_ID
+from nmt_cli.model.architecture import PRESETS, ModelConfig
+from nmt_cli.model.transformer import Transformer, positional_encoding
+from nmt_cli.text.vocab import PAD_ID
+from nmt_cli.train.runtime import Runtime, set_up_runtime
+from nmt_cli.train.trainer import Trainer
 
 
 class PlainTransformer(torch.nn.Module):

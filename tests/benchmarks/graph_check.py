@@ -21,12 +21,13 @@ import sacrebleu
 from common import decoding_arguments, timed
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt_cli import decoding, ensemble, graphs, search
-from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import PRECISIONS, SearchConfig
+from nmt_cli.decode import ensemble, graphs, search
+from nmt_cli.decode import incremental as decoding
+from nmt_cli.decode.translator import Translator
 from nmt_cli.device import select, tune
+from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig
-from nmt_cli.translator import Translator
 
 VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "unsqueeze", "squeeze", "expand", "expand_as", "alias",
          "t", "transpose", "permute", "split", "split_with_sizes", "unflatten", "flatten", "as_strided", "detach",

@@ -45,17 +45,17 @@ import torch
 from common import wmt_like_pairs
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt_cli import graphs as nmt_graphs
-from nmt_cli.architecture import PRESETS
 from nmt_cli.config import SearchConfig, TrainConfig
-from nmt_cli.data import Batch, token_batches
-from nmt_cli.ensemble import Ensemble
-from nmt_cli.kernels import use_fast_paths
-from nmt_cli.model import Transformer
-from nmt_cli.runtime import Runtime
-from nmt_cli.search import beam_search
-from nmt_cli.trainer import Trainer
-from nmt_cli.vocab import PAD_ID
+from nmt_cli.corpus.data import Batch, token_batches
+from nmt_cli.decode import graphs as nmt_graphs
+from nmt_cli.decode.ensemble import Ensemble
+from nmt_cli.decode.search import beam_search
+from nmt_cli.model.architecture import PRESETS
+from nmt_cli.model.kernels import use_fast_paths
+from nmt_cli.model.transformer import Transformer
+from nmt_cli.text.vocab import PAD_ID
+from nmt_cli.train.runtime import Runtime
+from nmt_cli.train.trainer import Trainer
 
 META = torch.device("meta")
 

@@ -30,13 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/conftest.p
 from conftest import opus_mt_release, synthetic_pairs, write_lines  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianTokenizer  # noqa: E402
 
-from nmt_cli.architecture import PRESETS  # noqa: E402
 from nmt_cli.cli import main as nmt  # noqa: E402
 from nmt_cli.config import TrainConfig  # noqa: E402
-from nmt_cli.importer import import_model  # noqa: E402
-from nmt_cli.train import TrainingRun  # noqa: E402
-from nmt_cli.translator import Translator  # noqa: E402
-from nmt_cli.vocab import BOS_ID, EOS_ID  # noqa: E402
+from nmt_cli.decode.translator import Translator  # noqa: E402
+from nmt_cli.interop.importer import import_model  # noqa: E402
+from nmt_cli.model.architecture import PRESETS  # noqa: E402
+from nmt_cli.text.vocab import BOS_ID, EOS_ID  # noqa: E402
+from nmt_cli.train.run import TrainingRun  # noqa: E402
 
 LAYOUTS = {"en-mg": {}, "tc-big-like": {"eos": 44670, "tie_word_embeddings": False, "scale_embedding": False,
                                         "activation_function": "gelu"}}

@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 from common import SHARED
 
-from nmt_cli import checkpoint as ckpt
 from nmt_cli.config import SearchConfig
-from nmt_cli.model import Transformer
-from nmt_cli.released import Released
+from nmt_cli.decode.translator import Translator
+from nmt_cli.model import checkpoint as ckpt
+from nmt_cli.model.released import Released
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.run_config import RunConfig
-from nmt_cli.translator import Translator
-from nmt_cli.vocab import PAD_ID
+from nmt_cli.text.vocab import PAD_ID
 
 
 def release(directory: Path, scale: float) -> Path:
@@ -71,7 +71,8 @@ def imported(directory: Path, out: Path) -> tuple[float, float, float]:
     start = time.perf_counter()
     peak = peak_mb(sys.executable, "-m", "nmt_cli", "import", str(directory), "-o", str(out))
     seconds = time.perf_counter() - start
-    baseline = peak_mb(sys.executable, "-c", "import nmt_cli.cli, nmt_cli.importer, sentencepiece, safetensors.torch")
+    baseline = peak_mb(sys.executable, "-c",
+                       "import nmt_cli.cli, nmt_cli.interop.importer, sentencepiece, safetensors.torch")
     return seconds, peak, baseline
 
 

@@ -29,14 +29,14 @@ def one_run(device: str, max_updates: int | None) -> dict:
     import sacrebleu
     import torch
     from conftest import SYMBOLS, synthetic_data_dir
-    from test_pipeline import REVERSAL_MODEL, REVERSAL_TRAINING
+    from test_end_to_end import REVERSAL_MODEL, REVERSAL_TRAINING
 
-    from nmt_cli import checkpoint as ckpt
     from nmt_cli.config import SearchConfig
+    from nmt_cli.decode.translate import translate_lines
+    from nmt_cli.decode.translator import Translator
+    from nmt_cli.model import checkpoint as ckpt
     from nmt_cli.run_config import RunConfig
-    from nmt_cli.train import TrainingRun
-    from nmt_cli.translate import translate_lines
-    from nmt_cli.translator import Translator
+    from nmt_cli.train.run import TrainingRun
 
     rng = random.Random(12345)
     inputs = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 10))) for _ in range(200)]

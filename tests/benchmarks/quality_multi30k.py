@@ -34,9 +34,9 @@ from pathlib import Path
 
 import sacrebleu
 
-from nmt_cli import checkpoint as ckpt
-from nmt_cli.averaging import average
-from nmt_cli.savedir import numbered
+from nmt_cli.model import checkpoint as ckpt
+from nmt_cli.model.averaging import average
+from nmt_cli.train.savedir import numbered
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import kernel_environment  # noqa: E402
 from conftest import synthetic_data_dir  # noqa: E402
 
-from nmt_cli import checkpoint as ckpt  # noqa: E402
+from nmt_cli.model import checkpoint as ckpt  # noqa: E402
 
 
 def train(data: Path, save_dir: Path, updates: int, path: str) -> None:

@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from common import SHARED
 
-from nmt_cli.checkpoint import load_bundle
 from nmt_cli.config import SearchConfig
+from nmt_cli.decode.translate import translate_lines
+from nmt_cli.decode.translator import Translator
 from nmt_cli.device import tune
+from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig
-from nmt_cli.translate import translate_lines
-from nmt_cli.translator import Translator
 
 
 def post(url: str, lines: list[str], headers: dict[str, str] | None = None) -> float:

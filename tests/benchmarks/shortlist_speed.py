@@ -31,9 +31,9 @@ import numpy as np
 import sacrebleu
 import torch
 
-from nmt_cli.datadir import DataDir
-from nmt_cli.shortlist import Shortlist, make, vocabulary_digest
-from nmt_cli.translator import Translator
+from nmt_cli.corpus.datadir import DataDir
+from nmt_cli.decode.shortlist import Shortlist, make, vocabulary_digest
+from nmt_cli.decode.translator import Translator
 
 MULTI30K = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data")) / \
     "multi30k"

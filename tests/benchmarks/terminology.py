@@ -21,7 +21,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from nmt_cli.translator import Translator
+from nmt_cli.decode.translator import Translator
 
 MULTI30K = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data")) / \
     "multi30k"

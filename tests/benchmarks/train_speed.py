@@ -28,11 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nmt_cli import kernels
-from nmt_cli.architecture import PRESETS
 from nmt_cli.config import TrainConfig
-from nmt_cli.data import shuffled
-from nmt_cli.train import TrainingRun
+from nmt_cli.corpus.data import shuffled
+from nmt_cli.model import kernels
+from nmt_cli.model.architecture import PRESETS
+from nmt_cli.train.run import TrainingRun
 
 
 def main() -> None:

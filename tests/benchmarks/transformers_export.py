@@ -26,10 +26,10 @@ import torch
 from common import OurSide, decoding_arguments
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from nmt_cli.checkpoint import load
 from nmt_cli.config import SearchConfig
-from nmt_cli.marian import save_transformers
-from nmt_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.interop.export_transformers import save_transformers
+from nmt_cli.model.checkpoint import load
+from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 def padded(rows: list[list[int]]) -> torch.Tensor:

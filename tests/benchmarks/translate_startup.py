@@ -30,11 +30,11 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
     import torch  # noqa: F401
 
     mark("import_torch")
-    from nmt_cli.checkpoint import load_bundle
+    from nmt_cli.decode.translate import translate_lines
+    from nmt_cli.decode.translator import Translator
     from nmt_cli.device import select, tune
+    from nmt_cli.model.checkpoint import load_bundle
     from nmt_cli.run_config import RunConfig
-    from nmt_cli.translate import translate_lines
-    from nmt_cli.translator import Translator
 
     mark("import_nmt_cli")
     config = RunConfig(device=device, cuda_graphs=cuda_graphs)
@@ -52,10 +52,10 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
 
 def untrained(model: Path, arch: str, path: Path) -> Path:
     """A checkpoint of an untrained `arch` model with the vocabulary and text settings of `model`."""
-    from nmt_cli import checkpoint
-    from nmt_cli.architecture import PRESETS
-    from nmt_cli.model import Transformer
-    from nmt_cli.vocab import PAD_ID
+    from nmt_cli.model import checkpoint
+    from nmt_cli.model.architecture import PRESETS
+    from nmt_cli.model.transformer import Transformer
+    from nmt_cli.text.vocab import PAD_ID
 
     bundle = checkpoint.load_bundle(model)
     shared = bundle.src_vocab is bundle.tgt_vocab

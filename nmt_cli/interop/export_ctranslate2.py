@@ -1,0 +1,185 @@
+"""`nmt export --format ctranslate2`: a checkpoint for use outside nmt-cli, as a CTranslate2 model
+directory (the field's production inference engine: CPU int8, GPU float16, C++ and Python APIs)
+with the same weights, every architecture nmt-cli trains (post- and pre-norm, sinusoidal and
+learned positions, joint and separate vocabularies); beside it the BPE codes or SentencePiece
+model and `nmt-cli.json`, which says how to turn text into the model's tokens and back. The
+directory is written whole or not at all, and replaces only an earlier export (`write_export`,
+shared with export_transformers.py). (A safetensors file is a checkpoint format:
+checkpoint.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.decode.shortlist import Shortlist
+from nmt_cli.errors import NmtError
+from nmt_cli.files import MARKER, write_directory
+from nmt_cli.model.checkpoint import ModelBundle
+from nmt_cli.model.transformer import MultiHeadAttention, Transformer
+
+
+def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = None,
+                     shortlist: Shortlist | None = None) -> None:
+    """A CTranslate2 model directory of `bundle`, with the text pipeline's files beside it, and a
+    `shortlist` as CTranslate2's vocabulary map (`translate_batch(..., use_vmap=True)`)."""
+    try:
+        from ctranslate2.specs import common_spec, transformer_spec
+    except ImportError:
+        raise NmtError("--format ctranslate2 needs CTranslate2: pip install 'nmt-cli[export]' "
+                       "(or pip install ctranslate2)") from None
+    model, config = bundle.model, bundle.model.config
+    if config.d_k != config.d_model // config.heads or config.d_v != config.d_k:
+        raise NmtError(f"CTranslate2 needs d_k = d_v = d_model / heads; this model has d_k {config.d_k}, "
+                       f"d_v {config.d_v} with d_model {config.d_model} and {config.heads} heads")
+    pre_norm = config.norm == "pre"
+    activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[config.activation])
+    spec = transformer_spec.TransformerSpec.from_config((config.encoder_layers, config.decoder_layers),
+                                                        config.heads, pre_norm=pre_norm, activation=activation)
+    _embeddings(spec, model)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
+        _attention(layer_spec.self_attention, layer.self_attn, layer.sublayers[0].norm)
+        _ffn(layer_spec.ffn, layer.ffn, layer.sublayers[1].norm)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder_layers):
+        _attention(layer_spec.self_attention, layer.self_attn, layer.sublayers[0].norm)
+        _attention(layer_spec.attention, layer.cross_attn, layer.sublayers[1].norm)
+        _ffn(layer_spec.ffn, layer.ffn, layer.sublayers[2].norm)
+    if pre_norm:
+        _norm(spec.encoder.layer_norm, model.encoder_norm)
+        _norm(spec.decoder.layer_norm, model.decoder_norm)
+    spec.config.layer_norm_epsilon = model.encoder_layers[0].sublayers[0].norm.eps
+    spec.config.add_source_eos = True
+    spec.register_source_vocabulary(bundle.src_vocab.tokens)
+    spec.register_target_vocabulary(bundle.tgt_vocab.tokens)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+
+    def write(tmp: Path) -> None:
+        spec.save(str(tmp))
+        text_files(bundle, tmp)
+        if shortlist is not None:
+            (tmp / "vmap.txt").write_text(vocabulary_map(shortlist, bundle), encoding="utf-8")
+
+    write_export(out, write)
+
+
+def vocabulary_map(shortlist: Shortlist, bundle: ModelBundle) -> str:
+    """A shortlist as CTranslate2's vocabulary map: the always-candidates after an empty source,
+    then each source token with its candidates (`source<TAB>target target ...`)."""
+    source, target = bundle.src_vocab.tokens, bundle.tgt_vocab.tokens
+    lines = ["\t" + " ".join(target[i] for i in shortlist.frequent)]
+    lines += [f"{source[i]}\t{' '.join(target[t] for t in row[row >= 0])}"
+              for i, row in enumerate(shortlist.candidates) if (row >= 0).any()]
+    return "\n".join(lines) + "\n"
+
+
+# What an export writes (CTranslate2's, transformers' in export_transformers.py): a directory holding only these
+# (and nmt-cli.json) is an earlier export.
+EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
+                "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json", "model.safetensors",
+                "generation_config.json", "source.spm", "target.spm", "vocab.json", "target_vocab.json",
+                "spm.target.model", "tokenizer_config.json", "README.md", "LICENSE", "vmap.txt"}
+
+
+def _check_destination(out: Path) -> None:
+    """Refuse to replace anything but an earlier export: a user's files are never deleted."""
+    if Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise NmtError(f"{out}: is the current directory or holds it; choose a new --output")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise NmtError(f"{out}: exists and is not a directory; choose another --output")
+    names = {p.name for p in out.iterdir()} - {MARKER}  # a marker: a publication killed before removing it
+    if names and ("nmt-cli.json" not in names or not names <= EXPORT_FILES):
+        raise NmtError(f"{out}: the directory holds files that are not an earlier export; choose another "
+                       "--output or empty it")
+
+
+def write_export(out: Path, write: Callable[[Path], None]) -> None:
+    """`write` the export where it replaces only an earlier export (files.write_directory)."""
+    out = Path(os.path.abspath(out))  # `-o .` has no name to put a temporary beside
+    write_directory(out, "model directory", write, lambda: _check_destination(out))
+
+
+def _array(tensor: torch.Tensor) -> Any:
+    return tensor.detach().float().cpu().numpy()
+
+
+# Our FFN activations by CTranslate2's names.
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu-tanh": "GELUTanh", "gelu-sigmoid": "GELUSigmoid",
+                   "swish": "SWISH"}
+
+
+def _embeddings(spec: Any, model: Transformer) -> None:
+    for side, embedding in ((spec.encoder, model.src_embed), (spec.decoder, model.tgt_embed)):
+        side.scale_embeddings = model.config.scale_embeddings
+        table = embedding.learned.weight if embedding.learned is not None else embedding.sinusoid
+        side.position_encodings.encodings = _array(table)
+    spec.encoder.embeddings[0].weight = _array(model.src_embed.tokens.weight)
+    spec.decoder.embeddings.weight = _array(model.tgt_embed.tokens.weight)
+    _linear(spec.decoder.projection, model.output_projection)  # tied to the embedding (§3.4) unless untied
+
+
+def _linear(spec: Any, module: torch.nn.Linear) -> None:
+    spec.weight = _array(module.weight)
+    if module.bias is not None:
+        spec.bias = _array(module.bias)
+
+
+def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def _attention(spec: Any, module: MultiHeadAttention, norm: torch.nn.LayerNorm) -> None:
+    projections = [module.qkv, module.out] if hasattr(module, "qkv") else [module.q, module.kv, module.out]
+    for target, source in zip(spec.linear, projections):
+        _linear(target, source)
+    _norm(spec.layer_norm, norm)
+
+
+def _ffn(spec: Any, ffn: Any, norm: torch.nn.LayerNorm) -> None:
+    _linear(spec.linear_0, ffn.w1)
+    _linear(spec.linear_1, ffn.w2)
+    _norm(spec.layer_norm, norm)
+
+
+def text_files(bundle: ModelBundle, out: Path) -> None:
+    """The subword model and `nmt-cli.json`: how text becomes the model's tokens and back."""
+    text = bundle.text
+    if bundle.bpe_codes is not None:
+        (out / "bpe.codes").write_text(bundle.bpe_codes, encoding="utf-8")
+    if bundle.sentencepiece is not None:
+        (out / "spm.model").write_bytes(bundle.sentencepiece)
+    target = "spm.model"
+    if bundle.target_sentencepiece is not None:
+        (out / "spm.target.model").write_bytes(bundle.target_sentencepiece)
+        target = "spm.target.model"
+    if text.sentencepiece:
+        code = "; a leading >>code<< stays one piece" if text.language_codes else ""
+        steps = [f"encode the line with spm.model (SentencePiece) into pieces{code}; the model adds </s> itself",
+                 f"decode the output pieces with {target}"]
+    else:
+        steps = [f"Moses punctuation normalization and tokenization (sacremoses, lang {text.source_lang}, "
+                 "escape=False) with the settings below" if text.tokenizer == "moses" else "split on whitespace",
+                 "apply bpe.codes with subword-nmt (separator @@)" if bundle.bpe_codes else "no BPE",
+                 "translate the tokens; the model adds </s> to the source itself",
+                 "join '@@ ' in the output, then Moses detokenization (lang "
+                 f"{text.target_lang})" if text.tokenizer == "moses" else "join '@@ ' in the output"]
+    search = SearchConfig(**bundle.released.search)
+    form = "by |Y|^alpha, as CTranslate2 does" if search.lenpen_form == "length" else \
+        "by ((5 + |Y|) / 6)^alpha (GNMT); CTranslate2 and transformers by |Y|^alpha"
+    about = {"text_config": text.to_dict(), "steps": steps, "model_config": bundle.model.config.to_dict(),
+             "search": {"beam_size": search.beam, "length_penalty": search.lenpen,
+                        "max_decoding_length": bundle.model.config.max_positions - 1,
+                        "min_decoding_length": search.min_len, "no_repeat_ngram_size": search.no_repeat_ngram_size,
+                        "repetition_penalty": search.repetition_penalty,
+                        "note": f"nmt-cli divides scores {form}; its repetition_penalty multiplies the "
+                                "log-probabilities of tokens already output, as transformers' beam search does"}}
+    (out / "nmt-cli.json").write_text(json.dumps(about, indent=2) + "\n", encoding="utf-8")

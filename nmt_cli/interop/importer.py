@@ -1,0 +1,101 @@
+"""`nmt import`: a released Marian model as an nmt-cli checkpoint that translates, serves, scores,
+exports and fine-tunes like one trained here. Two release formats: a Hugging Face `MarianMTModel`
+directory (import_transformers.py) and Marian's own (import_marian.py).
+
+A Marian Transformer is ours (§3) up to three layouts, which the import undoes exactly:
+- its sinusoid puts a position's sines first, then its cosines, where §3.5 (and we) interleave
+  them: the d_model dimensions of the residual stream are permuted back (export_transformers.py's inverse);
+- its special tokens sit anywhere (`</s>` 0 and `<pad>` last in older releases, `</s>` 44670 in
+  tc-big ones), the decoder starting from `<pad>`'s row (or, in Marian's own, from zeros): the
+  vocabulary rows are reordered to ours (<pad> 0, <s> 1, </s> 2, <unk> 3), <s> taking the start's row;
+- its FFN may use swish or GELU, its output projection a bias or a matrix of its own (ModelConfig).
+What cannot be represented (learned positions, an embedding layer norm, ...) is refused in one
+line naming it. The released decoding settings become the checkpoint's search defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt_cli.config import TextConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.interop.import_marian import read_marian
+from nmt_cli.interop.import_transformers import read_transformers
+from nmt_cli.interop.release import Release, sines_then_cosines
+from nmt_cli.model.checkpoint import FORMAT_VERSION, checked_model, save
+from nmt_cli.model.released import Released
+from nmt_cli.text.vocab import SPECIALS
+from nmt_cli.version import __version__
+
+
+def import_model(source: Path, out: Path, warn: Callable[[str], None] = print) -> dict[str, Any]:
+    """Read the release in directory `source`, write it to `out` as a checkpoint (atomically), and
+    return that checkpoint."""
+    source = Path(source)
+    if not source.is_dir():
+        raise NmtError(f"{source}: not a directory (give the directory of a released model)")
+    if (source / "config.json").is_file():
+        release = read_transformers(source, warn)
+    elif any(source.glob("*.npz")):
+        release = read_marian(source, warn)
+    else:
+        raise NmtError(f"{source}: neither a transformers model (config.json) nor a Marian one (*.npz)")
+    checkpoint = checkpoint_of(release)
+    checked_model(checkpoint, out)
+    save(checkpoint, out)
+    return checkpoint
+
+
+def checkpoint_of(release: Release) -> dict[str, Any]:
+    """Our checkpoint of `release`: dimensions interleaved again, rows in our vocabulary's order."""
+    order = torch.argsort(sines_then_cosines(release.config.d_model))  # our dimension j is Marian's order[j]
+    src_rows, src_tokens = release.source.rows("the source vocabulary")
+    tgt_rows, tgt_tokens = release.target.rows("the target vocabulary")
+    rows = {"src_embed": torch.tensor(src_rows), "tgt_embed": torch.tensor(tgt_rows),
+            "output_projection": torch.tensor(tgt_rows)}
+    weights: dict[str, Tensor] = {}
+    for name in list(release.weights):  # each released tensor let go once converted: one model's memory, not two
+        weights[name] = permuted(name, release.weights.pop(name).float(), order, rows.get(name.split(".")[0]))
+    if release.shared:
+        weights["src_embed.tokens.weight"] = weights["tgt_embed.tokens.weight"]
+    if release.config.tied_output:
+        weights["output_projection.weight"] = weights["tgt_embed.tokens.weight"]
+    text = TextConfig(source_lang=release.langs[0], target_lang=release.langs[1], subword="sentencepiece",
+                      language_codes=True)
+    return {"format_version": FORMAT_VERSION, "nmt_cli_version": __version__,
+            "model_config": release.config.to_dict(), "text_config": text.to_dict(), "bpe_codes": None,
+            "src_vocab": list(SPECIALS) + src_tokens, "tgt_vocab": list(SPECIALS) + tgt_tokens,
+            "shared_vocab": release.shared, "sentencepiece": release.source_spm,
+            "target_sentencepiece": None if release.target_spm == release.source_spm else release.target_spm,
+            "released": Released(release.search, tuple(release.never_output), release.origin).to_dict(),
+            "model": weights}
+
+
+# Where a weight reads the residual stream (its input dimension) or writes it (its output
+# dimension, biases and layer norms), by the ending of its name.
+_READS = (".qkv.weight", ".q.weight", ".kv.weight", ".w1.weight", "tokens.weight", "output_projection.weight")
+_WRITES = (".out.weight", ".out.bias", ".w2.weight", ".w2.bias", "norm.weight", "norm.bias")
+
+
+def permuted(name: str, tensor: Tensor, order: Tensor, rows: Tensor | None) -> Tensor:
+    """`tensor` (of our parameter `name`) with its d_model dimension in our order and, where it has
+    a row per token, its `rows` in our vocabulary's order: a copy of its own, made in blocks of
+    rows (a vocabulary's matrix is the largest: no second copy of it, however briefly)."""
+    if name.endswith(_WRITES):
+        return tensor[order]
+    reads = name.endswith(_READS)
+    if rows is None:
+        return tensor[:, order] if reads else tensor.clone()
+    out = tensor.new_empty(len(rows), *tensor.shape[1:])
+    for start in range(0, len(rows), ROWS_AT_ONCE):
+        block = tensor.index_select(0, rows[start:start + ROWS_AT_ONCE])
+        out[start:start + ROWS_AT_ONCE] = block[:, order] if reads else block
+    return out
+
+
+ROWS_AT_ONCE = 4096

@@ -1,0 +1,386 @@
+"""`nmt import` of a released MarianMTModel: the real configuration and tokenizer files of OPUS-MT
+en-mg (../shared/data/opus-mt-en-mg: `</s>` 0, `<unk>` 1, `<pad>` last and the decoder's start,
+swish, final_logits_bias) with random weights at a smaller width and depth. MarianTokenizer and
+MarianMTModel are the oracle: token ids, logits, greedy translations and scores; beam search
+against generate() on a model trained to end its sentences; round trips through `nmt export`."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import SHARED_DATA, cli, head, opus_mt_release, request, serving, synthetic_pairs, write_lines
+
+from nmt_cli.decode.translator import Translator
+from nmt_cli.errors import NmtError
+from nmt_cli.interop.importer import import_model
+from nmt_cli.model import checkpoint as ckpt
+from nmt_cli.text.vocab import BOS_ID, EOS_ID
+
+transformers = pytest.importorskip("transformers")
+
+MULTI30K = SHARED_DATA / "multi30k"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("released")
+    model = opus_mt_release(tmp / "hf")
+    import_model(tmp / "hf", tmp / "imported.pt")
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp / "hf"))
+    return tmp, model, tokenizer, Translator.load(tmp / "imported.pt", device="cpu")
+
+
+# Releases besides en-mg's own layout: tc-big's </s> far from 0, with the options released models
+# differ in (an untied output, unscaled embeddings, GELU).
+VARIANTS = {"en-mg": {}, "tc-big ids, untied, unscaled, gelu": {
+    "eos": 44670, "tie_word_embeddings": False, "scale_embedding": False, "activation_function": "gelu"}}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def any_release(request, released, tmp_path_factory):
+    """`released`, and each variant made the same way."""
+    if not VARIANTS[request.param]:
+        return released
+    tmp = tmp_path_factory.mktemp("variant")
+    model = opus_mt_release(tmp / "hf", **VARIANTS[request.param])
+    import_model(tmp / "hf", tmp / "imported.pt")
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp / "hf"))
+    return tmp, model, tokenizer, Translator.load(tmp / "imported.pt", device="cpu")
+
+
+def marian_ids(tokenizer, vocab, ids):
+    """Our ids as the release's (our <s> is its <pad>, the decoder's start)."""
+    tokens = tokenizer.encoder
+    return [tokens["<pad>"] if i == BOS_ID else tokens[vocab.tokens[i]] for i in ids]
+
+
+def english(n):
+    if not (MULTI30K / "train.en").is_file():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    return head(MULTI30K / "train.en", n)
+
+
+@pytest.mark.slow
+def test_token_ids_are_marian_tokenizers(any_release):
+    tmp, _, tokenizer, translator = any_release
+    lines = english(1000) + [">>fra<< A tagged line.", "  spaced   out  ", ">>x<<", "Ünïcödé — “quotes” 3½"]
+    pipeline = translator.pipeline
+    ours = [marian_ids(tokenizer, pipeline.src_vocab, pipeline.source_ids(line, k) + [EOS_ID])
+            for k, line in enumerate(lines)]
+    assert ours == tokenizer(lines)["input_ids"]
+    german = head(MULTI30K / "train.de", 200)
+    targets = [marian_ids(tokenizer, pipeline.tgt_vocab, pipeline.target_ids(line, k, "reference") + [EOS_ID])
+               for k, line in enumerate(german)]
+    assert targets == tokenizer(text_target=german)["input_ids"]
+
+
+@pytest.mark.slow
+def test_logits_are_marian_mt_models(any_release):
+    tmp, model, tokenizer, translator = any_release
+    lines, german = english(16), head(MULTI30K / "train.de", 16)
+    batch = tokenizer(lines, text_target=german, return_tensors="pt", padding=True)
+    start = torch.full((16, 1), model.config.decoder_start_token_id)
+    labels = batch["labels"].masked_fill(batch["labels"] == -100, tokenizer.pad_token_id)
+    decoder_input = torch.cat([start, labels[:, :-1]], dim=1)
+    with torch.no_grad():
+        theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       decoder_input_ids=decoder_input).logits
+    vocab = translator.pipeline.tgt_vocab
+    to_ours = {marian: ours for ours, marian in enumerate(marian_ids(tokenizer, vocab, range(len(vocab))))}
+    to_ours[model.config.decoder_start_token_id] = BOS_ID
+
+    def ours_of(ids):
+        return ids.apply_(lambda i: to_ours[i])
+
+    ours_model = translator.generator.models.models[0]
+    src = ours_of(batch["input_ids"].clone()).masked_fill(batch["attention_mask"] == 0, 0)
+    with torch.no_grad():
+        ours = ours_model(src, ours_of(decoder_input.clone()))
+    columns = torch.tensor([to_ours[i] for i in range(theirs.size(-1))])
+    real = decoder_input != tokenizer.pad_token_id
+    real[:, 0] = True
+    assert (ours[..., columns][real] - theirs[real]).abs().max().item() < 1e-4
+    assert theirs[real].std().item() > 1  # logits that tell tokens apart
+
+
+@pytest.mark.slow
+def test_greedy_translations_are_generates_on_every_line(any_release):
+    tmp, model, tokenizer, translator = any_release
+    lines = head(MULTI30K / "val.en", 1000) if (MULTI30K / "val.en").is_file() else english(1000)
+    length = 24  # generate's max_length: the start, 22 tokens and the forced </s>
+    theirs = []
+    for start in range(0, len(lines), 100):
+        batch = tokenizer(lines[start:start + 100], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**batch, num_beams=1, max_length=length, bad_words_ids=[[tokenizer.pad_token_id]])
+        theirs += [[i for i in row.tolist()[1:] if i != tokenizer.pad_token_id] for row in out]
+    _, found = translator.search(lines, translator.search_config(beam=1, max_len_b=length - 2))
+    vocab = translator.pipeline.tgt_vocab
+    ours = [marian_ids(tokenizer, vocab, hyps[0].tokens + [EOS_ID]) for hyps in found]
+    assert ours == theirs
+    assert len({tuple(row) for row in ours}) > len(lines) // 10  # translations that differ from line to line
+
+
+def test_the_released_settings_are_the_checkpoints_search(released):
+    """config.json's num_beams 4, max_length 512 and bad_words_ids [[<pad>]] (transformers 5 reads
+    them no longer; transformers 4 did), length penalty |Y|^1.0, the heuristic stopping, <unk>
+    allowed (generate() has no rule against it), and 510 tokens before the forced </s>."""
+    tmp, _, _, translator = released
+    search = translator.config.search
+    assert (search.beam, search.lenpen, search.lenpen_form, search.stopping) == (4, 1.0, "length", "heuristic")
+    assert (search.max_len_a, search.max_len_b, search.allow_unk) == (0.0, 510, True)
+    assert Translator.load(tmp / "imported.pt", beam=2).config.search.beam == 2  # a given option wins
+    about = json.loads(cli("info", "-m", tmp / "imported.pt", "--json").output)
+    assert about["languages"] == "en-mg" and about["vocabulary"] == "54,689 shared" and about["language_codes"] == []
+    assert about["subwords"] == "SentencePiece (one model per side)" and "swish" in about["architecture"]
+
+
+@pytest.mark.slow
+def test_scores_are_marian_mt_models(any_release, tmp_path):
+    tmp, model, tokenizer, translator = any_release
+    lines, german = english(8), head(MULTI30K / "train.de", 8)
+    scored = translator.score(lines, german)
+    batch = tokenizer(lines, text_target=german, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       labels=batch["labels"]).logits
+    labels = batch["labels"]  # padded with <pad>
+    log_probs = logits.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    theirs = (log_probs * (labels != tokenizer.pad_token_id)).sum(1)
+    assert [s.log_prob for s in scored] == pytest.approx(theirs.tolist(), rel=2e-5)  # sums of ~60 in float32
+    pairs = write_lines(tmp_path / "pairs.tsv", [f"{s}\t{t}" for s, t in zip(lines, german)])
+    result = cli("translate", "-m", tmp / "imported.pt", "--score-reference", "-i", pairs)
+    assert result.exit_code == 0, result.output
+    assert [float(x) for x in result.output.split()] == pytest.approx(theirs.tolist(), rel=2e-5)
+
+
+@pytest.fixture(scope="module")
+def trained_release(exported, tmp_path_factory):
+    """The exported trained tiny model (it ends its sentences) as a release would be: transformers'
+    generation settings, imported."""
+    tmp, bundle, sources = exported
+    directory = tmp_path_factory.mktemp("trained") / "hf"
+    shutil.copytree(tmp / "hf", directory)
+    generation = json.loads((directory / "generation_config.json").read_text())
+    generation.update(num_beams=4, length_penalty=1.0, early_stopping=False)
+    (directory / "generation_config.json").write_text(json.dumps(generation))
+    import_model(directory, directory.parent / "imported.pt")
+    longer = [s for s, _ in synthetic_pairs(300, 77, min_len=6, max_len=14)]
+    return directory, directory.parent / "imported.pt", sources + longer
+
+
+@pytest.mark.slow
+def test_beam_search_is_generates(trained_release):
+    """The imported defaults (beam 4, |Y|^1.0, the heuristic stopping) against generate() with the
+    release's generation_config.json."""
+    directory, imported, sources = trained_release
+    theirs = generated_lines(directory, sources)
+    translator = Translator.load(imported, device="cpu")
+    assert translator.config.search.stopping == "heuristic"
+    ours = translator.translate(sources)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.99 * len(sources)
+    early = Translator.load(imported, device="cpu", stopping="early").translate(sources)
+    assert early != ours  # the stopping rule is on trial on these lines
+
+
+@pytest.mark.slow
+def test_decoding_controls_are_generates(trained_release, tmp_path):
+    """A release's min_new_tokens, no_repeat_ngram_size and repetition_penalty, imported: our beam
+    search under them gives generate()'s output."""
+    directory, imported, sources = trained_release
+    shutil.copytree(directory, tmp_path / "hf")
+    generation = json.loads((tmp_path / "hf/generation_config.json").read_text())
+    generation.update(min_new_tokens=7, no_repeat_ngram_size=2, repetition_penalty=1.5)
+    (tmp_path / "hf/generation_config.json").write_text(json.dumps(generation))
+    import_model(tmp_path / "hf", tmp_path / "imported.pt")
+    translator = Translator.load(tmp_path / "imported.pt", device="cpu")
+    search = translator.config.search
+    assert (search.min_len, search.no_repeat_ngram_size, search.repetition_penalty) == (7, 2, 1.5)
+    ours, theirs = translator.translate(sources), generated_lines(tmp_path / "hf", sources)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.99 * len(sources)
+    plain = Translator.load(imported, device="cpu").translate(sources)
+    assert sum(a != b for a, b in zip(ours, plain)) >= 0.2 * len(sources)  # the controls are on trial
+    export = cli("export", "-m", tmp_path / "imported.pt", "--format", "transformers", "-o", tmp_path / "again")
+    assert export.exit_code == 0, export.output  # and the controls go out again as generate()'s defaults
+    again = json.loads((tmp_path / "again/generation_config.json").read_text())
+    assert (again["min_new_tokens"], again["no_repeat_ngram_size"], again["repetition_penalty"]) == (7, 2, 1.5)
+
+
+def generated_lines(directory, sources):
+    """transformers' generate() of `sources` with the release's generation_config.json."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(directory)).eval()
+    lines = []
+    for start in range(0, len(sources), 100):
+        batch = tokenizer(sources[start:start + 100], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            lines += tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
+    return lines
+
+
+def weights(path):
+    return ckpt.load(path)["model"]
+
+
+@pytest.mark.slow
+def test_an_imported_model_exported_and_imported_again_is_the_same(released):
+    tmp = released[0]
+    assert cli("export", "-m", tmp / "imported.pt", "--format", "transformers", "-o", tmp / "again").exit_code == 0
+    import_model(tmp / "again", tmp / "again.pt")
+    first, second = ckpt.load(tmp / "imported.pt"), ckpt.load(tmp / "again.pt")
+    assert first["model"].keys() == second["model"].keys()
+    assert all(torch.equal(first["model"][k], second["model"][k]) for k in first["model"])
+    for key in ("model_config", "src_vocab", "tgt_vocab", "sentencepiece", "target_sentencepiece"):
+        assert first[key] == second[key], key
+    assert first["released"]["search"] == second["released"]["search"]
+    card = (tmp / "again/README.md").read_text()
+    assert "early_stopping False), both dividing" in card and "Both stop an output after 510 tokens" in card
+
+
+@pytest.mark.slow
+def test_a_trained_model_exported_and_imported_translates_as_it_did(exported, tmp_path):
+    tmp, bundle, sources = exported
+    import_model(tmp / "hf", tmp_path / "imported.pt")
+    original, imported = ckpt.load(tmp / "ck/checkpoint_last.pt"), ckpt.load(tmp_path / "imported.pt")
+    for name, tensor in original["model"].items():
+        assert torch.equal(tensor, imported["model"][name]), name
+    assert not imported["model"]["output_projection.bias"].any()  # Marian's bias, zero
+    ours = {"lenpen_form": "gnmt", "stopping": "early", "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 50,
+            "allow_unk": False}
+    assert Translator.load(tmp_path / "imported.pt", **ours).translate(sources) == \
+        Translator.load(tmp / "ck/checkpoint_last.pt").translate(sources)
+
+
+@pytest.mark.slow
+def test_everything_runs_on_an_imported_model(released, tmp_path):
+    tmp, model, tokenizer, translator = released
+    lines = english(20)
+    source = write_lines(tmp_path / "in.en", lines)
+    result = cli("translate", "-m", tmp / "imported.pt", "-i", source, "--beam", 1, "--max-len-b", 12)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == translator.translate(lines, beam=1, max_len_b=12)
+    result = cli("translate", "-m", tmp / "imported.pt", "-i", source, "--beam", 1, "--max-len-b", 12,
+                 "--quantize", "int8")
+    assert result.exit_code == 0 and len(result.output.splitlines()) == 20, result.output
+    assert cli("average-checkpoints", "--inputs", tmp / "imported.pt", tmp / "imported.pt",
+               "-o", tmp_path / "avg.pt").exit_code == 0
+    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "avg.pt").values(),
+                                                 weights(tmp / "imported.pt").values()))
+    from nmt_cli.run_config import ServeConfig
+    from nmt_cli.serve.schemas import search_config
+
+    search = search_config({"beam": 2}, 1, ServeConfig(), translator.config.search)
+    assert (search.beam, search.stopping, search.lenpen_form, search.max_len_b) == (2, "heuristic", "length", 256)
+
+
+@pytest.mark.slow
+def test_nmt_serve_answers_with_the_releases_settings(released, tmp_path):
+    import signal
+
+    tmp, _, _, translator = released
+    _, url, process = serving(tmp_path, "--max-output-tokens", 12, model=tmp / "imported.pt")
+    try:
+        status, answer = request(url + "/translate", {"text": english(3)})
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert status == 200 and answer["translations"] == translator.translate(english(3), max_len_b=12)
+
+
+@pytest.mark.slow
+def test_ctranslate2_greedy_is_ours(released, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    tmp, _, _, translator = released
+    assert cli("export", "-m", tmp / "imported.pt", "--format", "ctranslate2", "-o", tmp_path / "ct2").exit_code == 0
+    lines = english(100)
+    pipeline = translator.pipeline
+    sources = [pipeline.src_vocab.decode(pipeline.source_ids(line, k)) for k, line in enumerate(lines)]
+    results = ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(sources, beam_size=1,
+                                                                           max_decoding_length=16)
+    _, found = translator.search(lines, translator.search_config(beam=1, max_len_b=16))
+    ours = [pipeline.tgt_vocab.decode(hyps[0].tokens) for hyps in found]
+    assert [r.hypotheses[0] for r in results] == ours
+
+
+def test_a_multilingual_model_lists_its_codes_and_warns_once_of_a_line_without(tmp_path):
+    directory = tmp_path / "hf"
+    opus_mt_release(directory)
+    vocab = json.loads((directory / "vocab.json").read_text())
+    codes = {">>fra<<": 54000, ">>por<<": 54001}
+    vocab = {token: i for token, i in vocab.items() if i not in codes.values()} | codes
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    import_model(directory, tmp_path / "m.pt")
+    about = json.loads(cli("info", "-m", tmp_path / "m.pt", "--json").output)
+    assert about["language_codes"] == [">>fra<<", ">>por<<"]
+    warnings = []
+    translator = Translator.load(tmp_path / "m.pt", warn=warnings.append, beam=1, max_len_b=3)
+    translator.translate([">>por<< Hello.", "Hello.", "World."])
+    assert len(warnings) == 1 and "line 2" in warnings[0] and ">>fra<<" in warnings[0]
+    assert translator.pipeline.source_ids(">>por<< Hello.", 1)[0] == translator.pipeline.src_vocab.index[">>por<<"]
+
+
+@pytest.mark.slow
+def test_fine_tuning_an_imported_model_lowers_its_loss_and_resumes_exactly(released, tmp_path):
+    tmp = released[0]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, start, n in (("train", 0, 300), ("valid", 1000, 50)):
+        for lang in ("en", "de"):
+            write_lines(raw / f"{split}.{lang}", head(MULTI30K / f"train.{lang}", start + n)[start:])
+    result = cli("preprocess", "-s", "en", "-t", "de", "--trainpref", raw / "train", "--validpref", raw / "valid",
+                 "--destdir", tmp_path / "data", "--from-model", tmp / "imported.pt", "--quiet", "--workers", 1,
+                 "--max-len-ratio", 4)  # German in Malagasy pieces is long
+    assert result.exit_code == 0, result.output
+    common = ["train", tmp_path / "data", "--init-from", tmp / "imported.pt", "--max-tokens", 600, "--lr-schedule",
+              "inverse-sqrt", "--lr", 1e-3, "--warmup", 5, "--device", "cpu", "--threads", 1, "--quiet",
+              "--validate-interval-updates", 10, "--dropout", 0.0]
+    result = cli(*common, "--save-dir", tmp_path / "whole", "--max-updates", 20)
+    assert result.exit_code == 0, result.output
+    log = [json.loads(line) for line in (tmp_path / "whole/train_log.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in log if row["kind"] == "valid"]
+    assert len(losses) >= 2 and losses[-1] < losses[0]
+    first = cli(*common, "--save-dir", tmp_path / "halves", "--max-updates", 10)
+    second = cli(*common, "--save-dir", tmp_path / "halves", "--max-updates", 20)
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    whole, halves = weights(tmp_path / "whole/checkpoint_last.pt"), weights(tmp_path / "halves/checkpoint_last.pt")
+    assert all(torch.equal(whole[k], halves[k]) for k in whole)
+    averaged = cli("average-checkpoints", "--dir", tmp_path / "whole", "--last", 2, "-o", tmp_path / "avg.pt")
+    assert averaged.exit_code == 0 and Translator.load(tmp_path / "avg.pt", beam=1).translate(["A dog."])
+    fine_tuned = ckpt.load(tmp_path / "whole/checkpoint_last.pt")
+    assert fine_tuned["released"] == ckpt.load(tmp / "imported.pt")["released"]  # its search settings stay
+    refused = cli(*common, "--save-dir", tmp_path / "other", "--d-model", 128)
+    assert refused.exit_code != 0 and "--d-model" in refused.output and "Traceback" not in refused.output
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "vocab.json").unlink(), "vocab.json: missing"),
+    (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "bart"})), "model_type 'bart'"),
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:5000]),
+     "model.safetensors: unreadable or truncated"),
+    (lambda d: (d / "source.spm").write_bytes(b"garbage"), "source.spm: not a SentencePiece model"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                          "activation_function": "mish"})), "'mish'"),
+])
+def test_a_damaged_release_is_refused_in_one_line_and_nothing_is_written(released, tmp_path, damage, message):
+    directory = tmp_path / "hf"
+    shutil.copytree(released[0] / "hf", directory)
+    damage(directory)
+    result = cli("import", directory, "-o", tmp_path / "out.pt")
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == [directory]
+
+
+def test_pickled_code_in_pytorch_model_bin_is_refused(released, tmp_path):
+    directory = tmp_path / "hf"
+    shutil.copytree(released[0] / "hf", directory)
+    (directory / "model.safetensors").unlink()
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("ran code from the file",))
+
+    torch.save({"x": Payload()}, directory / "pytorch_model.bin")
+    with pytest.raises(NmtError, match="pytorch_model.bin: refused or unreadable"):
+        import_model(directory, tmp_path / "out.pt")

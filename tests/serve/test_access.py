@@ -1,0 +1,122 @@
+"""Who may use the server (access.py): the bearer key of a header, the keys of a file (read again,
+or kept when the file cannot be read), a rate limit as a bucket per client; and on a server, 401
+without a key, 429 with Retry-After past the limit, SIGHUP reading the keys again, the open paths."""
+
+import signal
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from conftest import request, serving
+
+from nmt_cli.errors import NmtError
+from nmt_cli.serve import access
+from nmt_cli.serve.access import Keys, RateLimit, bearer, is_open
+
+
+def test_bearer_takes_the_key_of_a_bearer_header_only():
+    assert bearer("Bearer abc") == bearer("bearer  abc ") == "abc"
+    assert bearer(None) is bearer("") is bearer("Basic abc") is bearer("Bearer ") is None
+
+
+def test_keys_of_a_file_read_again_or_kept(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text("# ours\nabc\n\n  def  \n")
+    keys = Keys(path)
+    assert "abc" in keys and "def" in keys and "# ours" not in keys and None not in keys and "ab" not in keys
+    path.write_text("ghi\n")
+    assert keys.reload() == f"{path}: 1 API keys read" and "ghi" in keys and "abc" not in keys
+    path.write_text("\n# none\n")
+    assert keys.reload() == f"{path}: no API keys in it (one per line); the 1 keys read before stay"
+    assert "ghi" in keys
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(NmtError, match="cannot read the API keys \\(not UTF-8 text\\)"):
+        Keys(path)
+
+
+def test_keys_whose_file_went_away_stay(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text("abc\n")
+    keys = Keys(path)
+    path.unlink()
+    assert keys.reload() == (f"{path}: cannot read the API keys (No such file or directory); the 1 keys read "
+                             "before stay") and "abc" in keys
+
+
+def test_the_rate_limit_forgets_clients_whose_buckets_are_full_again(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(access.time, "monotonic", lambda: now[0])
+    limit = RateLimit(60)
+    for client in range(10001):
+        limit.wait(str(client))
+    now[0] += 1.0  # one token back for each: full again
+    assert limit.wait("new") == 0 and list(limit.buckets) == ["new"]
+
+
+def test_the_rate_limit_allows_a_burst_then_one_request_per_period(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(access.time, "monotonic", lambda: now[0])
+    limit = RateLimit(3)  # 3 a minute: one every 20 s
+    assert [limit.wait("a") for _ in range(4)] == [0, 0, 0, 20]
+    assert limit.wait("b") == 0  # another client has a bucket of its own
+    now[0] += 15
+    assert limit.wait("a") == 5
+    now[0] += 5
+    assert limit.wait("a") == 0 and limit.wait("a") == 20
+
+
+def test_open_paths():
+    assert all(map(is_open, ["/", "/health", "/docs", "/openapi.json", "/static-offline-docs/swagger-ui.css"]))
+    assert not any(map(is_open, ["/translate", "/metrics", "/config", "/healthz"]))
+
+
+def post(url: str, key: str | None, origin: str | None = None) -> tuple[int, Any]:
+    """The status and headers (any case) of a translation request with `key` from a page of `origin`."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
+               **({"Origin": origin} if origin else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + "/translate", data=b'{"text": ["a b"]}',
+                                                           headers=headers), timeout=60) as answer:
+            return answer.status, answer.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers
+
+
+@pytest.mark.slow
+def test_a_server_with_keys_and_a_rate_limit(tmp_path):
+    (tmp_path / "keys.txt").write_text("first\n")
+    _, url, process = serving(tmp_path, "--api-keys", tmp_path / "keys.txt", "--rate-limit", 2, "--access-log")
+    assert post(url, None)[0] == post(url, "wrong")[0] == 401
+    assert request(url + "/health")[0] == 200  # open
+    assert [post(url, "first")[0] for _ in range(2)] == [200, 200]
+    status, headers = post(url, "first")
+    assert status == 429 and 1 <= int(headers["Retry-After"]) <= 30
+    (tmp_path / "keys.txt").write_text("second\n")
+    process.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    assert post(url, "first")[0] == 401 and post(url, "second")[0] == 200
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    log = (tmp_path / "serve.log").read_text()
+    assert f"{tmp_path}/keys.txt: 1 API keys read" in log and "Traceback" not in log
+    assert " POST /translate 401 " in log and " POST /translate 429 " in log and " GET /health 200 " in log
+
+
+@pytest.mark.slow
+def test_a_browser_page_of_an_allowed_origin_may_call_the_server(tmp_path):
+    (tmp_path / "keys.txt").write_text("k\n")
+    _, url, process = serving(tmp_path, "--cors-origin", "https://app.example", "--api-keys", tmp_path / "keys.txt")
+    preflight = urllib.request.Request(url + "/translate", method="OPTIONS", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    with urllib.request.urlopen(preflight, timeout=60) as answer:  # no key needed for a preflight
+        assert answer.status == 200 and answer.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "authorization" in answer.headers["Access-Control-Allow-Headers"].lower()
+    status, headers = post(url, "k", origin="https://app.example")
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "https://app.example"
+    status, headers = post(url, "k", origin="https://other.example")
+    assert status == 200 and headers["Access-Control-Allow-Origin"] is None
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
