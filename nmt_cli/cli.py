@@ -320,11 +320,11 @@ def export(model: Path, fmt: str, output: Path, quantization: str | None, shortl
         card_config = build(CardConfig, **card)
         save_transformers(load(model), model, output, card_config, [evaluate(model, *pair) for pair in evaluations])
     else:
-        from nmt_cli.decode.translator import load_shortlist
+        from nmt_cli.decode.shortlist import Shortlist
         from nmt_cli.interop.export_ctranslate2 import save_ctranslate2
 
         bundle = load_bundle(model)
-        save_ctranslate2(bundle, output, quantization, None if shortlist is None else load_shortlist(shortlist, bundle))
+        save_ctranslate2(bundle, output, quantization, shortlist and Shortlist.load(shortlist, bundle))
     click.echo(f"exported {model} to {output} ({fmt})", err=True)
 
 

@@ -1,6 +1,6 @@
 """What several test modules build: tiny random Transformers (for the model's tests and for the
-search's), token batches, the search's source and prefix tensors, a tiny training run, a
-translator of a checkpoint, and `nmt translate` run in this process."""
+search's), token batches, the search's source and prefix tensors, a tiny training run, an
+engine of a checkpoint, and `nmt translate` run in this process."""
 
 import math
 
@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TrainConfig
-from nmt_cli.decode.translator import Translator
+from nmt_cli.decode.engine import Engine
 from nmt_cli.model.architecture import PRESETS
 from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.model.transformer import Transformer
@@ -99,10 +99,10 @@ def run_training(data, save_dir, model=TRAIN_TINY, **overrides):
 LINES = ["a b c d", "", "p o n m l k", "e", "   ", "f g h i j k l m n o p a b c", "c c c", "h a"]
 
 
-def translator(path, warnings=None, **options):
-    """A Translator of the checkpoint at `path` on the CPU (beam 3, short outputs unless `search`)."""
+def engine(path, warnings=None, **options):
+    """An Engine of the checkpoint at `path` on the CPU (beam 3, short outputs unless `search`)."""
     search = options.pop("search", SearchConfig(beam=3, max_len_a=1, max_len_b=3))
-    return Translator([load_bundle(path)], RunConfig(search=search, **options), torch.device("cpu"),
+    return Engine([load_bundle(path)], RunConfig(search=search, **options), torch.device("cpu"),
                       warn=(warnings.append if warnings is not None else None))
 
 

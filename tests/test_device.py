@@ -86,7 +86,7 @@ def test_quantize_with_device_auto_runs_on_the_cpu_where_there_is_a_gpu(tmp_path
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert RunConfig(quantize="int8").run_on == "cpu" and RunConfig().run_on == "auto"
     assert RunConfig(quantize="int8", device="cuda").run_on == "cuda"  # asked for: refused by the generator
-    assert Translator.load(tiny_checkpoint(tmp_path / "m.pt"), quantize="int8").device == torch.device("cpu")
+    assert Translator.load(tiny_checkpoint(tmp_path / "m.pt"), quantize="int8").engine.device == torch.device("cpu")
 
 
 def test_keep_freed_memory_tunes_glibc_malloc_and_is_harmless_elsewhere(monkeypatch):

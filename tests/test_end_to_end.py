@@ -11,8 +11,8 @@ from conftest import SYMBOLS, head, synthetic_data_dir, write_lines
 
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TrainConfig
+from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.translate import translate_lines
-from nmt_cli.decode.translator import Translator
 from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.model.architecture import PRESETS
 from nmt_cli.run_config import RunConfig
@@ -38,9 +38,9 @@ def test_learns_to_reverse_sequences(tmp_path):
     inputs = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(3, 10))) for _ in range(200)]
     expected = [" ".join(reversed(line.split())) for line in inputs]
     for quantize in (None, "int8"):
-        translator = Translator([ckpt.load_bundle(tmp_path / "ck/checkpoint_best.pt")],
+        engine = Engine([ckpt.load_bundle(tmp_path / "ck/checkpoint_best.pt")],
                                 RunConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
-        outputs = translate_lines(translator, inputs)
+        outputs = translate_lines(engine, inputs)
         exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
         bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score
         assert exact >= 0.9 and bleu >= 90, (quantize, exact, bleu)

@@ -17,10 +17,10 @@ from conftest import request, serving, synthetic_data_dir
 
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig
+from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.ensemble import Ensemble
 from nmt_cli.decode.search import beam_search
 from nmt_cli.decode.translate import translate_lines
-from nmt_cli.decode.translator import Translator
 from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.model import kernels
 from nmt_cli.run_config import RunConfig
@@ -46,8 +46,8 @@ def test_a_checkpoint_trained_on_the_gpu_translates_on_the_cpu(tmp_path):
     run_training(synthetic_data_dir(tmp_path), tmp_path / "ck", TINY, device="cuda", max_updates=5).run()
     bundle = ckpt.load_bundle(tmp_path / "ck/checkpoint_last.pt")
     assert all(p.device.type == "cpu" for p in bundle.model.parameters())
-    translator = Translator([bundle], RunConfig(SearchConfig(beam=2)), torch.device("cpu"))
-    assert len(translate_lines(translator, ["a b c", "d e"])) == 2
+    engine = Engine([bundle], RunConfig(SearchConfig(beam=2)), torch.device("cpu"))
+    assert len(translate_lines(engine, ["a b c", "d e"])) == 2
 
 
 def test_training_on_the_gpu_prefetches_batches_into_page_locked_memory(tmp_path):

@@ -2,7 +2,7 @@
 graphs (graphs), one search step of a model or an ensemble (ensemble) under the output rules (controls)
 and terms (constraints), beam search (search) and sampling (sampling), a lexical shortlist
 (shortlist), batches of token ids searched on a device (generator), text to ids and back
-(pipeline), what is returned (records), the Python API (translator) and `nmt translate`
-(translate).
+(pipeline), what is returned (records), the steps of a translation that the commands and the
+server compose (engine), the Python API over them (translator) and `nmt translate` (translate).
 
 It imports the root's foundations, text/, model/ and corpus/."""

@@ -76,7 +76,7 @@ class Generator:
             self.seed = secrets.randbelow(2**31)
             self.rng.manual_seed(self.seed)
             self.warn(f"sampling with --seed {self.seed} (the same seed, input and batch options repeat these samples)")
-        widths = [len(s) + 1 for s in sources]
+        widths = [width(s) for s in sources]
         order = sorted((i for i, s in enumerate(sources) if s), key=widths.__getitem__)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for batch in batches(order, widths, self.max_tokens, self.batch_size):
@@ -172,12 +172,24 @@ class Generator:
         return pad([np.array(row, dtype=np.int64) for row in rows], value=value).to(self.device)
 
 
+def width(source: Sequence[int]) -> int:
+    """The tokens a source takes in a batch's rows: its own and </s>."""
+    return len(source) + 1
+
+
+def fits(sentences: int, longest: int, max_tokens: int) -> bool:
+    """Whether `sentences` sources whose widest is `longest` tokens (`width`) make one batch of
+    at most `max_tokens` tokens, padding included: the rule of every search's batches, the
+    server's searches of several requests too (serve/batcher.py)."""
+    return sentences * longest <= max_tokens
+
+
 def batches(order: list[int], widths: list[int], max_tokens: int, batch_size: int | None) -> Iterator[list[int]]:
     """Consecutive runs of the width-sorted `order` within `max_tokens` (padded) and `batch_size`."""
     batch: list[int] = []
     for i in order:
         too_many = batch_size is not None and len(batch) >= batch_size
-        if batch and (too_many or (len(batch) + 1) * widths[i] > max_tokens):
+        if batch and (too_many or not fits(len(batch) + 1, widths[i], max_tokens)):
             yield batch
             batch = []
         batch.append(i)

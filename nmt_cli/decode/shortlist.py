@@ -18,12 +18,16 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from nmt_cli.errors import NmtError
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+if TYPE_CHECKING:
+    from nmt_cli.model.checkpoint import ModelBundle
 
 HEADER = "nmt-cli shortlist 1"
 ITERATIONS = 5
@@ -75,8 +79,9 @@ class Shortlist:
         write_text(path, "\n".join([HEADER, json.dumps(head), *rows]) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> Shortlist:
-        """A shortlist file; one that is not one, or is cut short, is refused naming its line."""
+    def load(cls, path: Path, model: ModelBundle | None = None) -> Shortlist:
+        """A shortlist file; one that is not one, or is cut short, is refused naming its line, and
+        with a `model`, one made for other vocabularies than the model's."""
         try:
             lines = Path(path).read_text(encoding="utf-8").split("\n")
         except (OSError, UnicodeDecodeError) as e:
@@ -102,7 +107,10 @@ class Shortlist:
                 raise NmtError(f"{path}:{number}: more than {best} candidates, or an id outside the target "
                                "vocabulary")
             candidates[number - 3, :len(ids)] = ids
-        return cls(candidates, frequent, *digests, target_size)
+        shortlist = cls(candidates, frequent, *digests, target_size)
+        if model is not None:
+            shortlist.check(model.src_vocab.tokens, model.tgt_vocab.tokens, str(path))
+        return shortlist
 
 
 def make(data_dir: Path, first: int, best: int) -> Shortlist:

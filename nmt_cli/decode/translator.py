@@ -1,7 +1,6 @@
 """Translation from Python (`from nmt_cli import Translator`): a trained model, or an ensemble,
-with its text pipeline. It composes the layers that `nmt translate` and `nmt serve` use too:
-token ids searched by a Generator (generator.py), text by a TextPipeline (pipeline.py),
-results as records (records.py).
+with its text pipeline, as calls with checked arguments and typed options. Below them is an
+Engine (engine.py): the steps that `nmt translate` and `nmt serve` compose too.
 
     translator = Translator.load("avg.pt")
     translator.translate(["A man rides a bike."])                  # ['Ein Mann fährt Fahrrad.']
@@ -11,20 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 import typing
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
 
 import torch
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.decode.constraints import Phrases
-from nmt_cli.decode.generator import Generator
-from nmt_cli.decode.pipeline import TextPipeline, joining_ids
-from nmt_cli.decode.records import Scored, Translation, attention_record
-from nmt_cli.decode.search import Hypothesis, length_penalty, max_lengths
+from nmt_cli.decode.engine import CHUNK_LINES, Engine, checked_lines, model_search
+from nmt_cli.decode.records import Scored, Translation
 from nmt_cli.decode.shortlist import Shortlist
 from nmt_cli.device import select
 from nmt_cli.errors import NmtError
@@ -32,13 +27,9 @@ from nmt_cli.lines import chunks
 from nmt_cli.model.checkpoint import ModelBundle, load_bundle
 from nmt_cli.options import check_applies
 from nmt_cli.run_config import RunConfig
-from nmt_cli.text.vocab import BOS_ID, EOS_ID
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-CHUNK_LINES = 4096  # lines searched together: sorted by length, then batched by tokens
-
 
 class SearchOptions(TypedDict, total=False):
     """The search options a call may set, SearchConfig's fields (`nmt translate`'s flags): typed
@@ -109,66 +100,22 @@ def one_line(line: str, prefix: str | None, constraints: list[str] | None,
             None if avoid is None else [avoid])
 
 
-def checked_lines(lines: Any, what: str = "lines", first_number: int = 1, item: str = "line") -> list[str]:
-    """`lines` as a list of str, or an NmtError naming what is not one (a file opened in binary
-    mode gives bytes); `item`: what each is called."""
-    if not isinstance(lines, (list, tuple)):
-        one = " (or one str)" if what == "lines" else ""
-        raise NmtError(f"{what}: expected a list of str{one}, got {type(lines).__name__}")
-    for number, line in enumerate(lines, first_number):
-        if not isinstance(line, str):
-            hint = " (open files in text mode: open(path, encoding='utf-8'))" if isinstance(line, bytes) else ""
-            raise NmtError(f"{what}: {item} {number} is {type(line).__name__}, not str{hint}")
-    return list(lines)
-
-
-def checked_phrases(given: Any, what: str, first_number: int = 1) -> list[list[str]] | None:
-    """Each line's phrases (`constraints` or `avoid`) as a list of str (None for a line: none)."""
-    if given is None:
-        return None
-    if not isinstance(given, (list, tuple)):
-        raise NmtError(f"{what}: expected a list of phrases for each line, got {type(given).__name__}")
-    return [checked_lines(phrases or [], f"{what} of line {number}", item="phrase")
-            for number, phrases in enumerate(given, first_number)]
-
-
-def load_shortlist(path: Path, bundle: ModelBundle) -> Shortlist:
-    """The shortlist at `path`, refused unless it was made for the model's vocabularies."""
-    shortlist = Shortlist.load(path)
-    shortlist.check(bundle.src_vocab.tokens, bundle.tgt_vocab.tokens, str(path))
-    return shortlist
-
-
-def model_search(bundle: ModelBundle, given: dict[str, Any]) -> SearchConfig:
-    """The search options `given`, the others those the model is run with: an imported model's
-    release settings (`nmt import`), else nmt-cli's defaults."""
-    return SearchConfig(**{**bundle.released.search, **given})
-
-
 class Translator:
     """A model (or an ensemble: their probabilities averaged at each step) with its text
     pipeline. `config` holds the defaults of every call; `warn` takes the warnings (stderr).
 
-    The calls: load, translate, hypotheses, translate_iter, score. Below them, the steps of a
-    search (source_ids, prefix_ids, phrases, search_ids, translation, alignment), which `nmt
-    translate` and `nmt serve` compose to batch lines from many requests."""
+    The calls: load, translate, hypotheses, translate_iter, score. `engine` runs them (engine.py):
+    its steps are those that `nmt translate` and `nmt serve` compose."""
 
     def __init__(self, bundles: list[ModelBundle], config: RunConfig, device: torch.device,
                  dtype: torch.dtype = torch.float32, warn: Callable[[str], None] | None = None,
                  shortlist: Shortlist | None = None) -> None:
-        first = bundles[0]
-        for other in bundles[1:]:
-            if other.tgt_vocab != first.tgt_vocab or other.src_vocab != first.src_vocab:
-                raise NmtError("ensemble members must share their vocabularies")
-        self.config, self.device, self.dtype, self.bundle, self.members = config, device, dtype, first, len(bundles)
-        self.warn = warn or (lambda message: print(message, file=sys.stderr))
-        self.generator = Generator([b.model for b in bundles], device, dtype, max_tokens=config.max_tokens,
-                                   batch_size=config.batch_size, never=first.never, joining=joining_ids(first),
-                                   graphs=config.cuda_graphs, quantize=config.quantize, seed=config.search.seed,
-                                   shortlist=shortlist, warn=self.warn)
-        self.pipeline = TextPipeline(first, self.generator.models.max_positions, config.input_format,
-                                     config.output_format, self.warn)
-        self._unfitting = False  # a line's constraints did not fit its length limit (warned once)
+        self.engine = Engine(bundles, config, device, dtype, warn, shortlist)
+
+    @property
+    def config(self) -> RunConfig:
+        """The defaults of every call: the search options, and how the model runs."""
+        return self.engine.config
 
     @classmethod
     @spelled_out(LoadOptions)
@@ -198,14 +145,7 @@ class Translator:
         if config.threads:  # asked for: the only process setting the API changes
             torch.set_num_threads(config.threads)
         return cls(bundles, config, device, dtype, warn, None if shortlist is None else
-                   load_shortlist(Path(shortlist), bundles[0]))
-
-    def stream(self, config: SearchConfig, given: Collection[str] = ("seed",)) -> torch.Generator | None:
-        """A random stream of a call's own when it gives a seed (`given` holds "seed"): the same
-        seed, the same samples, whatever other threads draw meanwhile; None: the translator's."""
-        if not config.sampling or "seed" not in given or config.seed is None:
-            return None
-        return self.generator.stream(config.seed)
+                   Shortlist.load(Path(shortlist), bundles[0]))
 
     def search_config(self, **search: Unpack[SearchOptions]) -> SearchConfig:
         """The configured search options with `search` given for one call (checked as flags are)."""
@@ -223,7 +163,9 @@ class Translator:
     def __repr__(self) -> str:
         search = self.config.search
         how = "sampling" if search.sampling else f"beam {search.beam}, lenpen {search.lenpen:g}"
-        return f"Translator({self.members} model(s), {self.device} {str(self.dtype).removeprefix('torch.')}, {how})"
+        engine = self.engine
+        return (f"Translator({engine.members} model(s), {engine.device} {str(engine.dtype).removeprefix('torch.')}, "
+                f"{how})")
 
     @overload
     def translate(self, lines: str, prefixes: str | None = None, constraints: list[str] | None = None,
@@ -268,9 +210,9 @@ class Translator:
         if not isinstance(attention, bool):
             raise NmtError(f"attention={attention!r}: expected true or false")
         config = self.search_config(**search)
-        sources, found = self.search(lines, config, prefixes, rng=self.stream(config, search),
+        sources, found = self.engine.search(lines, config, prefixes, rng=self.engine.stream(config, search),
                                      constraints=constraints, avoid=avoid)
-        return [[self.translation(h, self.alignment(source, h) if attention else None) for h in hyps]
+        return [[self.engine.translation(h, self.engine.alignment(source, h) if attention else None) for h in hyps]
                 for source, hyps in zip(sources, found)]
 
     @spelled_out(SearchOptions)
@@ -279,109 +221,17 @@ class Translator:
         """The best translation of each line of an iterable of any length (a file, say), in order,
         holding `chunk_lines` lines at a time."""
         config = self.search_config(**search)
-        count, rng = 0, self.stream(config, search)  # one stream for all chunks
+        count, rng = 0, self.engine.stream(config, search)  # one stream for all chunks
         if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
             raise NmtError(f"lines: expected an iterable of lines (a list, a text file), got {type(lines).__name__}")
         for chunk in chunks(lines, chunk_lines):
             chunk = [line.rstrip("\n") for line in checked_lines(chunk, "lines", count + 1)]
-            _, found = self.search(chunk, config, first_number=count + 1, rng=rng)
-            yield from (self.pipeline.text(hyps[0].tokens) if hyps else "" for hyps in found)
+            _, found = self.engine.search(chunk, config, first_number=count + 1, rng=rng)
+            yield from (self.engine.pipeline.text(hyps[0].tokens) if hyps else "" for hyps in found)
             count += len(chunk)
 
     def score(self, sources: list[str], targets: list[str], first_number: int = 1) -> list[Scored]:
         """The model's log-probability of each target given its source (fairseq's
         --score-reference, CTranslate2's score_batch): to filter a corpus, or rerank."""
-        sources = checked_lines(sources, "sources", first_number)
-        targets = checked_lines(targets, "targets", first_number)
-        if len(sources) != len(targets):
-            raise NmtError(f"{len(sources)} sources but {len(targets)} targets")
-        source_ids = [self.pipeline.source_ids(line, first_number + k) for k, line in enumerate(sources)]
-        target_ids = [self.pipeline.target_ids(line, first_number + k, "reference") for k, line in enumerate(targets)]
-        search = self.config.search
-        return [Scored(sum(scores), sum(scores) / length_penalty(len(scores), search.lenpen, search.lenpen_form),
-                       self.pipeline.tokens(ids) + ["</s>"], scores)
-                for ids, scores in zip(target_ids, self.generator.score(source_ids, target_ids))]
+        return self.engine.score(sources, targets, first_number)
 
-    def search(self, lines: list[str], config: SearchConfig, prefixes: list[str] | None = None,
-               first_number: int = 1, rng: torch.Generator | None = None, constraints: list[list[str]] | None = None,
-               avoid: list[list[str]] | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
-        """The source ids of `lines` and their hypotheses; lines are numbered from `first_number`
-        in warnings. Samples continue the translator's random stream, or `rng` (a seed given for
-        one call repeats its samples)."""
-        lines = checked_lines(lines, "lines", first_number)
-        prefixes = None if prefixes is None else checked_lines(prefixes, "prefixes", first_number)
-        constraints, avoid = checked_phrases(constraints, "constraints", first_number), \
-            checked_phrases(avoid, "avoid", first_number)
-        for name, given in (("prefixes", prefixes), ("constraints", constraints), ("avoid", avoid)):
-            if given is not None and len(given) != len(lines):
-                raise NmtError(f"{len(lines)} lines but {len(given)} {name}")
-        sources = [self.source_ids(line, first_number + k) for k, line in enumerate(lines)]
-        forced = None if prefixes is None else [self.prefix_ids(prefix, first_number + k)
-                                                for k, prefix in enumerate(prefixes)]
-        terms = self.phrases(sources, config, constraints, avoid, first_number)
-        return sources, self.search_ids(sources, config, forced, rng, first_number, terms)
-
-    def phrases(self, sources: list[list[int]], config: SearchConfig, constraints: list[list[str]] | None,
-                avoid: list[list[str]] | None, first_number: int = 1) -> Phrases | None:
-        """The target ids of each line's phrases to include and to avoid (None: none given); a
-        line whose phrases cannot fit its output's length limit is warned once."""
-        if not any(constraints or []) and not any(avoid or []):
-            return None
-        if config.sampling:
-            raise NmtError("constraints apply to beam search, not with --sampling")
-        number = range(first_number, first_number + len(sources))
-        include = [self.pipeline.phrase_ids(p, n) for p, n in zip(constraints or [[]] * len(sources), number)]
-        limits = max_lengths(torch.tensor([len(s) for s in sources]), config,
-                             self.generator.models.max_positions).tolist()
-        for ids, limit, n in zip(include, limits, number):
-            if sum(map(len, ids)) > limit and not self._unfitting:
-                self.warn(f"warning: line {n}: its constraints ({sum(map(len, ids))} tokens) do not fit its output's "
-                          f"length limit ({limit}): it is translated without some (warned once)")
-                self._unfitting = True
-        return include, [self.pipeline.phrase_ids(p, n) for p, n in zip(avoid or [[]] * len(sources), number)]
-
-    def source_ids(self, line: str, number: int = 1) -> list[int]:
-        """The token ids of a source line (`number`: its number in warnings)."""
-        return self.pipeline.source_ids(line, number)
-
-    def prefix_ids(self, prefix: str, number: int = 1) -> list[int]:
-        """The target ids of a prefix (`number`: its line's number in warnings)."""
-        return self.pipeline.target_ids(prefix, number)
-
-    def search_ids(self, sources: list[list[int]], config: SearchConfig, forced: list[list[int]] | None = None,
-                   rng: torch.Generator | None = None, first_number: int = 1,
-                   terms: Phrases | None = None) -> list[list[Hypothesis]]:
-        """The hypotheses of sources given as token ids (`source_ids`), each starting with its
-        prefix's ids when `forced` (`prefix_ids`) and holding its `terms` (`phrases`); an empty
-        source with a prefix: the prefix alone."""
-        found = self.generator.search(sources, config, forced, rng, terms)
-        for k, (source, prefix) in enumerate(zip(sources, forced or [])):
-            if not source and prefix:
-                found[k] = [Hypothesis(self.pipeline.prefix_alone(prefix, first_number + k), 0.0, 0.0)]
-        return found
-
-    def alignment(self, source: list[int], hypothesis: Hypothesis) -> dict[str, Any]:
-        """The cross-attention of the last decoder layer between a source (its ids) and a
-        hypothesis, heads averaged: one row of source weights per output token (an alignment)."""
-        weights = self.attention(source, hypothesis.tokens)
-        return attention_record(weights, None, self.labels(source, hypothesis.tokens))
-
-    def labels(self, source: list[int], output: list[int]) -> tuple[list[str], list[str]]:
-        """The tokens of a source and an output (their ids), </s> included, as pictures label them."""
-        return self.pipeline.labels(source, output)
-
-    def stop_searches_at(self, deadline: float | None) -> None:
-        """Searches raise SearchInterrupted at their next step once time.monotonic() passes
-        `deadline` (a draining server); None: never."""
-        self.generator.models.deadline = deadline
-
-    def translation(self, hypothesis: Hypothesis, alignment: dict[str, Any] | None = None) -> Translation:
-        return Translation(self.pipeline.text(hypothesis.tokens), self.pipeline.tokens(hypothesis.tokens),
-                           hypothesis.score, hypothesis.log_prob, alignment)
-
-    def attention(self, source: list[int], output: list[int]) -> dict[str, list[torch.Tensor]]:
-        """Every attention distribution of the first model on (source, its translation)."""
-        model = self.generator.models.models[0]
-        src = torch.tensor([source + [EOS_ID]], device=self.device)
-        tgt_in = torch.tensor([[BOS_ID] + output], device=self.device)
-        return model.attention_weights(src, tgt_in)

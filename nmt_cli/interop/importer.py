@@ -27,10 +27,9 @@ from nmt_cli.errors import NmtError
 from nmt_cli.interop.import_marian import read_marian
 from nmt_cli.interop.import_transformers import read_transformers
 from nmt_cli.interop.release import Release, sines_then_cosines
-from nmt_cli.model.checkpoint import FORMAT_VERSION, checked_model, save
+from nmt_cli.model.checkpoint import checked_model, description, save
 from nmt_cli.model.released import Released
-from nmt_cli.text.vocab import SPECIALS
-from nmt_cli.version import __version__
+from nmt_cli.text.vocab import Vocabulary
 
 
 def import_model(source: Path, out: Path, warn: Callable[[str], None] = print) -> dict[str, Any]:
@@ -67,13 +66,10 @@ def checkpoint_of(release: Release) -> dict[str, Any]:
         weights["output_projection.weight"] = weights["tgt_embed.tokens.weight"]
     text = TextConfig(source_lang=release.langs[0], target_lang=release.langs[1], subword="sentencepiece",
                       language_codes=True)
-    return {"format_version": FORMAT_VERSION, "nmt_cli_version": __version__,
-            "model_config": release.config.to_dict(), "text_config": text.to_dict(), "bpe_codes": None,
-            "src_vocab": list(SPECIALS) + src_tokens, "tgt_vocab": list(SPECIALS) + tgt_tokens,
-            "shared_vocab": release.shared, "sentencepiece": release.source_spm,
-            "target_sentencepiece": None if release.target_spm == release.source_spm else release.target_spm,
-            "released": Released(release.search, tuple(release.never_output), release.origin).to_dict(),
-            "model": weights}
+    return description(release.config, weights, release.shared, text, None, Vocabulary(src_tokens),
+                       Vocabulary(tgt_tokens), release.source_spm,
+                       None if release.target_spm == release.source_spm else release.target_spm,
+                       Released(release.search, tuple(release.never_output), release.origin))
 
 
 # Where a weight reads the residual stream (its input dimension) or writes it (its output

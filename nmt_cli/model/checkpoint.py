@@ -103,20 +103,31 @@ OPTIONAL = ("sentencepiece", "target_sentencepiece", "released")
 def describe(model: Transformer, text: TextConfig, bpe_codes: str | None, src_vocab: Vocabulary,
              tgt_vocab: Vocabulary, sentencepiece: bytes | None = None, target_sentencepiece: bytes | None = None,
              released: Released = Released()) -> dict[str, Any]:
-    """The self-describing part of every checkpoint: the DESCRIPTION fields and the weights."""
+    """The self-describing part of every checkpoint of `model`: the DESCRIPTION fields and the weights."""
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return description(model.config, weights, model.src_embed.tokens is model.tgt_embed.tokens, text, bpe_codes,
+                       src_vocab, tgt_vocab, sentencepiece, target_sentencepiece, released)
+
+
+def description(config: ModelConfig, weights: dict[str, torch.Tensor], shared_vocab: bool, text: TextConfig,
+                bpe_codes: str | None, src_vocab: Vocabulary, tgt_vocab: Vocabulary,
+                sentencepiece: bytes | None = None, target_sentencepiece: bytes | None = None,
+                released: Released = Released()) -> dict[str, Any]:
+    """The DESCRIPTION fields and the weights of a model not built (`nmt import` converts a release's
+    weights without a second copy of them in a model): the one writer of a checkpoint's dictionary."""
     return {
         "format_version": FORMAT_VERSION,
         "nmt_cli_version": __version__,
-        "model_config": model.config.to_dict(),
+        "model_config": config.to_dict(),
         "text_config": text.to_dict(),
         "bpe_codes": bpe_codes,
         "sentencepiece": sentencepiece,
         "target_sentencepiece": target_sentencepiece,
         "src_vocab": src_vocab.tokens,
         "tgt_vocab": tgt_vocab.tokens,
-        "shared_vocab": model.src_embed.tokens is model.tgt_embed.tokens,
+        "shared_vocab": shared_vocab,
         "released": released.to_dict(),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "model": weights,
     }
 
 

@@ -33,7 +33,7 @@ import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from nmt_cli.decode.translator import Translator, model_search
+from nmt_cli.decode.engine import Engine, model_search
 from nmt_cli.device import select, tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason
@@ -52,7 +52,7 @@ SHUTTING_DOWN = ("the server is shutting down (SIGTERM) and could not translate 
                  "send it again to another server")
 
 
-def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher: Batcher, metrics: "Metrics",
+def create_app(engines: dict[Pair, Engine], config: ServeConfig, batcher: Batcher, metrics: "Metrics",
                keys: Keys | None = None) -> Any:
     """The FastAPI application of `nmt serve`; its /docs need no internet (fastapi-offline)."""
     from fastapi import Request
@@ -110,7 +110,7 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
 
     def pair_of(source: str | None, target: str | None) -> Pair:
         try:
-            return choose(list(translators), source, target)
+            return choose(list(engines), source, target)
         except NoSuchPair as e:
             raise BadRequest(400, str(e)) from None
 
@@ -118,11 +118,11 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
                            attention: bool = False, constraints: list[list[str]] | None = None,
                            avoid: list[list[str]] | None = None) -> tuple[Any, list]:
         """The search of `given` options and the translations of `lines` by the model of `pair`."""
-        translator = translators[pair]
-        search = search_config(given, len(lines), config, translator.config.search)
+        engine = engines[pair]
+        search = search_config(given, len(lines), config, engine.config.search)
         if batcher.deadline is not None:
             raise ShuttingDown
-        return search, await asyncio.wrap_future(batcher.submit(translator, search, lines, prefixes, attention,
+        return search, await asyncio.wrap_future(batcher.submit(engine, search, lines, prefixes, attention,
                                                                 constraints, avoid))
 
     async def answer(request: Request) -> Any:
@@ -131,7 +131,7 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
         if is_libretranslate(body):
             asked = parse_libretranslate(body, config)
             pair = pair_of(asked.source, asked.target)
-            _, found = await translations(pair, asked.options(translators[pair].config.search.beam), asked.lines)
+            _, found = await translations(pair, asked.options(engines[pair].config.search.beam), asked.lines)
             return asked.answer(found, pair[0])
         ours = parse(body, config)
         search, found = await translations(pair_of(ours.source, ours.target), options(ours), ours.text,
@@ -172,7 +172,7 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
     @app.get("/languages")
     async def served_languages() -> list[dict[str, Any]]:
         """The language pairs, as LibreTranslate lists them: each source with its targets."""
-        return languages(list(translators))
+        return languages(list(engines))
 
     @app.get("/health", response_model=Health)
     async def health() -> dict[str, Any]:
@@ -184,7 +184,7 @@ def create_app(translators: dict[Pair, Translator], config: ServeConfig, batcher
     async def model_config(source: str | None = None, target: str | None = None) -> Any:
         """The architecture, text settings and vocabulary sizes of the model of a pair."""
         try:
-            model = translators[pair_of(source, target)].bundle
+            model = engines[pair_of(source, target)].bundle
         except BadRequest as e:
             return JSONResponse({"error": str(e)}, status_code=e.status)
         return {"model_config": model.model.config.to_dict(), "text_config": model.text.to_dict(),
@@ -240,19 +240,18 @@ def serve(models: list[str], config: ServeConfig) -> None:
     connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
     pairs = load_pairs(models)
     shortlists = load_shortlists(config.shortlist, pairs)
-    translators = {pair: Translator(bundles, RunConfig(max_tokens=config.max_tokens,
-                                                       search=model_search(bundles[0], {})), device, dtype,
-                                    shortlist=shortlists.get(pair))
-                   for pair, bundles in pairs.items()}
+    engines = {pair: Engine(bundles, RunConfig(max_tokens=config.max_tokens, search=model_search(bundles[0], {})),
+                            device, dtype, shortlist=shortlists.get(pair))
+               for pair, bundles in pairs.items()}
     metrics = Metrics(waiting=lambda: batcher.waiting_requests())
-    batcher = Batcher(config, translators.values(), metrics.searched)
+    batcher = Batcher(config, engines.values(), metrics.searched)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             asyncio.get_running_loop().set_exception_handler(log_loop_error)
             await super().startup(sockets)
 
-    app = create_app(translators, config, batcher, metrics, keys)
+    app = create_app(engines, config, batcher, metrics, keys)
     server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                    timeout_graceful_shutdown=config.drain_seconds,
                                    http=guarded_http(connections, config.read_timeout)))
@@ -277,7 +276,7 @@ def serve(models: list[str], config: ServeConfig) -> None:
     if config.access_log:
         log_requests()
     print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')}; "
-          f"{', '.join(f'{source}-{target}' for source, target in translators)})", flush=True)
+          f"{', '.join(f'{source}-{target}' for source, target in engines)})", flush=True)
     web = threading.Thread(target=listen, name="nmt-http", daemon=True)
     web.start()
     batcher.run()  # on this thread, which loaded the model

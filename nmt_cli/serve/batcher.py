@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.decode.constraints import Phrases
+from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.ensemble import SearchInterrupted
+from nmt_cli.decode.generator import fits, width
 from nmt_cli.decode.records import Translation
-from nmt_cli.decode.translator import Translator
 from nmt_cli.run_config import ServeConfig
 
 DRAIN_MARGIN_SECONDS = 0.5  # of --drain-seconds, to answer before uvicorn ends the connections
@@ -41,7 +42,7 @@ class Job:
     (shortest first: a request cut into searches is cut as one search would batch it, by length),
     and the translations of those translated."""
 
-    translator: Translator  # the model of the request's language pair
+    engine: Engine  # the model of the request's language pair
     search: SearchConfig
     lines: list[str]
     prefixes: list[str] | None = None  # each output starts with its sentence's
@@ -62,15 +63,15 @@ class Job:
 
 
 class Batcher:
-    """Translates the waiting requests (`submit`) of `translators` on the thread that calls `run`:
+    """Translates the waiting requests (`submit`) of `engines` on the thread that calls `run`:
     the thread that loaded the models, since PyTorch's CPU threads run a model slower for any other
     (tests/benchmarks/PERFORMANCE.md, session 23). Draining (SIGTERM), it goes on until a deadline,
     then stops its search and answers the rest with ShuttingDown. `searched`: told the sentences,
     source and target tokens of each search."""
 
-    def __init__(self, config: ServeConfig, translators: Iterable[Translator],
+    def __init__(self, config: ServeConfig, engines: Iterable[Engine],
                  searched: Callable[[int, int, int], None] = lambda sentences, source, target: None) -> None:
-        self.config, self.translators, self.searched = config, list(translators), searched
+        self.config, self.engines, self.searched = config, list(engines), searched
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="nmt-encoder")
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.waiting: deque[Job] = deque()  # in turn order: a request cut short goes to the back
@@ -78,14 +79,14 @@ class Batcher:
         self.requests = self.searches = 0
         self.deadline: float | None = None
 
-    def submit(self, translator: Translator, search: SearchConfig, lines: list[str],
+    def submit(self, engine: Engine, search: SearchConfig, lines: list[str],
                prefixes: list[str] | None = None, attention: bool = False, constraints: list[list[str]] | None = None,
                avoid: list[list[str]] | None = None) -> Future:
-        """A future of each line's translations by `translator`, best first (none for an empty
+        """A future of each line's translations by `engine`, best first (none for an empty
         line), each starting with its prefix when given, holding its `constraints` and none of
         the phrases to `avoid`, the best with its alignment when `attention`. Failed with
         RequestTooLarge, ShuttingDown, or what the search raised."""
-        job = Job(translator, search, lines, prefixes, attention, constraints, avoid)
+        job = Job(engine, search, lines, prefixes, attention, constraints, avoid)
         self.requests += 1
         self.encoder.submit(self._encode, job)
         return job.done
@@ -97,8 +98,8 @@ class Batcher:
     def drain(self, seconds: float) -> None:
         """Translate what is waiting for at most `seconds` (less a margin); then answer ShuttingDown."""
         self.deadline = time.monotonic() + max(0.0, seconds - DRAIN_MARGIN_SECONDS)
-        for translator in self.translators:
-            translator.stop_searches_at(self.deadline)
+        for engine in self.engines:
+            engine.stop_searches_at(self.deadline)
 
     def close(self) -> None:
         """`run` returns once the requests that came have their answers."""
@@ -114,15 +115,15 @@ class Batcher:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise ShuttingDown
             for number, line in enumerate(job.lines, start=1):
-                job.sources.append(ids := job.translator.source_ids(line, number))
+                job.sources.append(ids := job.engine.source_ids(line, number))
                 tokens += len(ids)
                 if job.prefixes is not None:
-                    job.forced.append(prefix := job.translator.prefix_ids(job.prefixes[number - 1], number))
+                    job.forced.append(prefix := job.engine.prefix_ids(job.prefixes[number - 1], number))
                     tokens += len(prefix)
                 if tokens > limit:
                     raise RequestTooLarge(f"sentences 1 to {number} come to {tokens} source tokens, more than the "
                                           f"server's --max-source-tokens {limit}")
-            job.terms = job.translator.phrases(job.sources, job.search, job.constraints, job.avoid)
+            job.terms = job.engine.phrases(job.sources, job.search, job.constraints, job.avoid)
         except Exception as e:  # noqa: BLE001 (the request fails, the server keeps serving)
             job.done.set_exception(e)
             return
@@ -166,18 +167,17 @@ class Batcher:
     def _next_search(self) -> list[tuple[Job, int]]:
         """The next search, as (request, how many of its sentences left): a sentence of the first in
         line, whatever its length; then those of the requests with its options, fewest tokens left
-        first, and more of the first, while they make one batch of the search (--max-tokens, padding
-        and </s> included, as generator.batches counts)."""
+        first, and more of the first, while they make one batch of the search (generator.fits)."""
         first = self.waiting[0]
         jobs = [first] if seeded(first.search) else [first, *sorted(
             (job for job in self.waiting if job is not first and shared(job, first)), key=tokens)]
         counts = [1] + [0] * (len(jobs) - 1)
-        size, width = 1, len(first.left[0]) + 1
+        size, longest = 1, width(first.left[0])
         for k in [*range(1, len(jobs)), 0]:
             for ids in jobs[k].left[counts[k]:]:
-                if (size + 1) * max(width, len(ids) + 1) > self.config.max_tokens:
+                if not fits(size + 1, max(longest, width(ids)), self.config.max_tokens):
                     break
-                size, width, counts[k] = size + 1, max(width, len(ids) + 1), counts[k] + 1
+                size, longest, counts[k] = size + 1, max(longest, width(ids)), counts[k] + 1
         return [(job, count) for job, count in zip(jobs, counts) if count]
 
     def _run(self, taken: list[tuple[Job, int]]) -> None:
@@ -188,15 +188,15 @@ class Batcher:
         try:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise ShuttingDown
-            search, translator = taken[0][0].search, taken[0][0].translator
+            search, engine = taken[0][0].search, taken[0][0].engine
             picked = [(job, k) for job, count in taken for k in job.order[:count]]  # the search's sentences
             sources = [job.sources[k] for job, k in picked]
             forced = [job.forced[k] for job, k in picked] if taken[0][0].forced else None
             terms = None
             if any(job.terms for job, _ in taken):
                 terms = tuple([job.terms[side][k] if job.terms else [] for job, k in picked] for side in (0, 1))
-            rng = translator.stream(search) if seeded(search) else None
-            found = translator.search_ids(sources, search, forced, rng=rng, terms=terms)
+            rng = engine.stream(search) if seeded(search) else None
+            found = engine.search_ids(sources, search, forced, rng=rng, terms=terms)
         except Exception as e:  # noqa: BLE001 (the requests fail, the server keeps serving)
             error = ShuttingDown() if isinstance(e, SearchInterrupted) else e
             for job, _ in taken:
@@ -206,9 +206,9 @@ class Batcher:
         self.searched(len(found), sum(map(len, sources)), sum(len(hyps[0].tokens) for hyps in found if hyps))
         self._take(timeout=0)  # those that came during the search go before a request cut short
         for (job, k), hyps in zip(picked, found):
-            job.found[k] = [translator.translation(h) for h in hyps]
+            job.found[k] = [engine.translation(h) for h in hyps]
             if job.attention and hyps:
-                job.found[k][0].alignment = translator.alignment(job.sources[k], hyps[0])
+                job.found[k][0].alignment = engine.alignment(job.sources[k], hyps[0])
         for job, count in taken:
             del job.order[:count]
             if job.order:
@@ -225,7 +225,7 @@ def seeded(search: SearchConfig) -> bool:
 
 def shared(job: Job, other: Job) -> bool:
     """Whether two requests may share a search: the same model, the same options, prefixes in both or neither."""
-    return job.translator is other.translator and job.search == other.search and (
+    return job.engine is other.engine and job.search == other.search and (
         (job.prefixes is None) == (other.prefixes is None))
 
 

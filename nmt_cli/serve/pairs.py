@@ -39,8 +39,6 @@ def load_pairs(values: Sequence[str]) -> dict[Pair, list[ModelBundle]]:
 def load_shortlists(values: Sequence[str], pairs: dict[Pair, list[ModelBundle]]) -> dict[Pair, Shortlist]:
     """The shortlist of each pair from `--shortlist [SRC-TGT=]FILE` values (a file without a pair:
     that of the one pair served), each checked against its pair's vocabularies."""
-    from nmt_cli.decode.translator import load_shortlist
-
     shortlists: dict[Pair, Shortlist] = {}
     for value in values:
         pair, path = named_pair(value)
@@ -50,7 +48,7 @@ def load_shortlists(values: Sequence[str], pairs: dict[Pair, list[ModelBundle]])
         pair = pair or next(iter(pairs))
         if pair not in pairs:
             raise NmtError(f"--shortlist {value}: no model for {pair[0]}-{pair[1]} is served")
-        shortlists[pair] = load_shortlist(path, pairs[pair][0])
+        shortlists[pair] = Shortlist.load(path, pairs[pair][0])
     return shortlists
 
 

@@ -17,8 +17,8 @@ import torch
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.corpus.data import ArrayWriter, IndexedArray, ParallelData
+from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.search import Hypothesis
-from nmt_cli.decode.translator import Translator
 from nmt_cli.model.checkpoint import ModelBundle, load_bundle
 from nmt_cli.run_config import RunConfig
 from nmt_cli.text.vocab import EOS_ID
@@ -55,13 +55,13 @@ def wmt_like_pairs(directory: Path, pairs: int, vocab: int, seed: int = 0) -> Pa
     return ParallelData(*arrays)
 
 
-def reference_log_probs(translator: Translator, sources: list[list[int]],
+def reference_log_probs(engine: Engine, sources: list[list[int]],
                         refs: list[str]) -> list[tuple[list[int], np.ndarray]]:
     """Per reference: its target ids (BPE, EOS last) and our model's log-probability of each,
-    teacher-forced, with no search (Translator.score). A converted model must give the same numbers."""
-    targets = [translator.pipeline.target_ids(ref, k + 1, "reference") for k, ref in enumerate(refs)]
+    teacher-forced, with no search (Engine.score). A converted model must give the same numbers."""
+    targets = [engine.pipeline.target_ids(ref, k + 1, "reference") for k, ref in enumerate(refs)]
     return [(target + [EOS_ID], np.array(scores))
-            for target, scores in zip(targets, translator.generator.score(sources, targets))]
+            for target, scores in zip(targets, engine.generator.score(sources, targets))]
 
 
 class HostWaits:
@@ -87,17 +87,17 @@ class HostWaits:
         waits.count = sum("synchroniz" in str(w.message) for w in caught)
 
 
-def timed(translator: Translator, sources: list[list[int]]) -> tuple[float, int, list[list[Hypothesis]]]:
+def timed(engine: Engine, sources: list[list[int]]) -> tuple[float, int, list[list[Hypothesis]]]:
     """Seconds, host waits (on a GPU) and hypotheses of translating `sources`. On a GPU the first
     64 are translated once before, untimed: CUDA's and the search's first-use costs (and graph
     captures) are not the search's speed."""
-    cuda = translator.device.type == "cuda"
+    cuda = engine.device.type == "cuda"
     if cuda:
-        translator.generator.search(sources[:64], translator.config.search)
+        engine.generator.search(sources[:64], engine.config.search)
         torch.cuda.synchronize()
     start = time.perf_counter()
     with HostWaits.counting(cuda) as waits:
-        hyps = translator.generator.search(sources, translator.config.search)
+        hyps = engine.generator.search(sources, engine.config.search)
     if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start, waits.count, hyps
@@ -119,10 +119,10 @@ def decoding_arguments(description: str | None) -> argparse.ArgumentParser:
 
 @dataclass
 class OurSide:
-    """Our checkpoint and translator (CPU, `--threads`), the input encoded to ids, the references."""
+    """Our checkpoint and engine (CPU, `--threads`), the input encoded to ids, the references."""
 
     bundle: ModelBundle
-    translator: Translator
+    engine: Engine
     lines: list[str]
     sources: list[list[int]]
     refs: list[str]
@@ -132,10 +132,10 @@ class OurSide:
         torch.set_num_threads(args.threads)
         bundle = load_bundle(args.model)
         options = RunConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
-        translator = Translator([bundle], options, torch.device("cpu"))
+        engine = Engine([bundle], options, torch.device("cpu"))
         lines = args.input.read_text(encoding="utf-8").splitlines()
-        sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
-        return cls(bundle, translator, lines, sources, args.ref.read_text(encoding="utf-8").splitlines())
+        sources = [engine.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
+        return cls(bundle, engine, lines, sources, args.ref.read_text(encoding="utf-8").splitlines())
 
     def figures(self, seconds: float, tokens: int, outputs: list[str]) -> dict:
         """Speed in decode_speed.py's terms (tokens: BPE tokens + EOS) and the sacreBLEU of `outputs`."""

@@ -24,7 +24,7 @@ import ctranslate2
 import numpy as np
 from common import OurSide, decoding_arguments, reference_log_probs
 
-from nmt_cli.decode.translator import load_shortlist
+from nmt_cli.decode.shortlist import Shortlist
 from nmt_cli.interop.export_ctranslate2 import save_ctranslate2
 
 
@@ -34,25 +34,25 @@ def main() -> None:
     args = parser.parse_args()
     ours = OurSide.load(args)
     source_tokens = [ours.bundle.src_vocab.decode(s) for s in ours.sources]
-    references = reference_log_probs(ours.translator, ours.sources[:50], ours.refs[:50])
+    references = reference_log_probs(ours.engine, ours.sources[:50], ours.refs[:50])
     with tempfile.TemporaryDirectory() as work:
-        shortlist = args.shortlist and load_shortlist(args.shortlist, ours.bundle)
+        shortlist = args.shortlist and Shortlist.load(args.shortlist, ours.bundle)
         save_ctranslate2(ours.bundle, Path(work) / "ct2", shortlist=shortlist)  # what `nmt export` writes
-        translator = ctranslate2.Translator(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
+        engine = ctranslate2.Engine(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
                                             intra_threads=args.threads, inter_threads=1)
         # same model? score the references with CTranslate2 too (it adds the EOS itself)
         targets = [ours.bundle.tgt_vocab.decode(target[:-1]) for target, _ in references]
-        scores = translator.score_batch(source_tokens[:50], targets)
+        scores = engine.score_batch(source_tokens[:50], targets)
         diffs = [float(np.abs(mine - np.array(theirs.log_probs)).max())
                  for (_, mine), theirs in zip(references, scores)]
         start = time.perf_counter()
-        results = translator.translate_batch(source_tokens, beam_size=args.beam, length_penalty=args.lenpen,
+        results = engine.translate_batch(source_tokens, beam_size=args.beam, length_penalty=args.lenpen,
                                              max_batch_size=args.max_tokens, batch_type="tokens",
                                              use_vmap=shortlist is not None,
                                              max_decoding_length=min(256, ours.bundle.model.config.max_positions - 1))
         seconds = time.perf_counter() - start
     hyps = [r.hypotheses[0] for r in results]
-    outputs = [ours.translator.pipeline.target.decode(h) for h in hyps]
+    outputs = [ours.engine.pipeline.target.decode(h) for h in hyps]
     print(json.dumps({
         "benchmark": "ctranslate2_decode_speed", "ctranslate2": ctranslate2.__version__,
         "compute_type": args.compute_type, "shortlist": args.shortlist and str(args.shortlist),

@@ -3,7 +3,7 @@
 [--device cuda --precision bf16 --cuda-graphs --steps-between-reads N --profile FILE]`.
 
 Translates the input (default: Multi30k test_2016_flickr.en, 1,000 sentences) with the library's
-Translator, timing the translation only (model loading excluded), and prints one JSON line:
+Engine, timing the translation only (model loading excluded), and prints one JSON line:
 sentences/s, target tokens/s (BPE tokens + EOS, as fairseq counts), peak RSS; with `--ref`, the
 sacreBLEU of the output too. On a GPU, the first 64 sentences are translated once untimed (CUDA
 warm-up), and the line also gives the calls that made the host wait for the GPU
@@ -27,20 +27,21 @@ from common import decoding_arguments, timed
 
 from nmt_cli.config import PRECISIONS, SearchConfig
 from nmt_cli.decode import search
-from nmt_cli.decode.translator import Translator, load_shortlist
+from nmt_cli.decode.engine import Engine
+from nmt_cli.decode.shortlist import Shortlist
 from nmt_cli.device import select, tune
 from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig
 
 
-def profiled(translator: Translator, sources: list[list[int]], path: Path) -> float | None:
+def profiled(engine: Engine, sources: list[list[int]], path: Path) -> float | None:
     """Translate under torch.profiler, write its table to `path`; the GPU's busy share, if any."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = translator.device.type == "cuda"
+    cuda = engine.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         start = time.perf_counter()
-        translator.generator.search(sources, translator.config.search)
+        engine.generator.search(sources, engine.config.search)
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -72,11 +73,11 @@ def main() -> None:
     options = RunConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens,
                         batch_size=args.batch_size, quantize=args.quantize, cuda_graphs=args.cuda_graphs)
     bundle = load_bundle(args.model)
-    translator = Translator([bundle], options, device, dtype,
-                            shortlist=args.shortlist and load_shortlist(args.shortlist, bundle))
-    sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
-    seconds, waits, hyps = timed(translator, sources)
-    outputs = [translator.pipeline.text(h[0].tokens) if h else "" for h in hyps]
+    engine = Engine([bundle], options, device, dtype,
+                            shortlist=args.shortlist and Shortlist.load(args.shortlist, bundle))
+    sources = [engine.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
+    seconds, waits, hyps = timed(engine, sources)
+    outputs = [engine.pipeline.text(h[0].tokens) if h else "" for h in hyps]
     tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)
     result = {"benchmark": "decode_speed", "model": str(args.model), "sentences": len(lines), "beam": args.beam,
               "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": args.quantize,
@@ -93,7 +94,7 @@ def main() -> None:
         refs = args.ref.read_text(encoding="utf-8").splitlines()
         result["bleu"] = round(sacrebleu.corpus_bleu(outputs, [refs]).score, 2)
     if args.profile:
-        result["device_busy"] = profiled(translator, sources, args.profile)
+        result["device_busy"] = profiled(engine, sources, args.profile)
     print(json.dumps(result))
 
 

@@ -102,7 +102,7 @@ def main() -> None:
     bundle, sources = ours.bundle, ours.sources
     model, vocab = to_fairseq(bundle)
 
-    references = reference_log_probs(ours.translator, sources[:50], ours.refs[:50])
+    references = reference_log_probs(ours.engine, sources[:50], ours.refs[:50])
     diffs = []  # same model? score the references with fairseq too (ids >= 2 are the same in both)
     with torch.inference_mode():
         for source, (target, mine) in zip(sources, references):
@@ -116,7 +116,7 @@ def main() -> None:
     hyps: dict[int, list[int]] = {}
     start = time.perf_counter()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    widths, config = [len(s) + 1 for s in sources], ours.translator.config
+    widths, config = [len(s) + 1 for s in sources], ours.engine.config
     for batch in batches(order, widths, config.max_tokens, config.batch_size):  # fairseq-generate's: by length
         longest = max(len(sources[i]) for i in batch) + 1
         src_tokens = torch.full((len(batch), longest), vocab.pad(), dtype=torch.long)
@@ -127,7 +127,7 @@ def main() -> None:
         for i, result in zip(batch, generator.generate([model], sample)):
             hyps[i] = result[0]["tokens"].tolist()  # ends with </s>
     seconds = time.perf_counter() - start
-    outputs = [ours.translator.pipeline.text(hyps[i][:-1]) for i in range(len(sources))]
+    outputs = [ours.engine.pipeline.text(hyps[i][:-1]) for i in range(len(sources))]
     print(json.dumps({
         "benchmark": "fairseq_decode_speed", "fairseq": "0.12.2", "model": str(args.model), "sentences": len(sources),
         "beam": args.beam, "threads": args.threads, "max_token_logprob_difference": round(max(diffs), 5),

@@ -1,7 +1,7 @@
 """The fixed-shape decoder of `nmt translate --cuda-graphs` against the search on growing caches:
 `python tests/benchmarks/graph_check.py -m CKPT [-i test.en] [--lines N] [--device cuda] [--replayed]`.
 
-Translates the input (default: Multi30k test_2016_flickr.en) with the library's Translator, with
+Translates the input (default: Multi30k test_2016_flickr.en) with the library's Engine, with
 and without `graphs.DecoderGraphs`, and prints one JSON line: how many output lines are the same,
 the sacreBLEU and seconds of each, and the operations per search step that launch work (aten
 operations other than views) inside the decoder step and outside it, counted without graphs: what
@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nmt_cli.config import PRECISIONS, SearchConfig
 from nmt_cli.decode import ensemble, graphs, search
 from nmt_cli.decode import incremental as decoding
-from nmt_cli.decode.translator import Translator
+from nmt_cli.decode.engine import Engine
 from nmt_cli.device import select, tune
 from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig
@@ -48,7 +48,7 @@ class Operations(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def operations_per_step(translator: Translator, sources: list[list[int]]) -> dict[str, float]:
+def operations_per_step(engine: Engine, sources: list[list[int]]) -> dict[str, float]:
     """Operations per step of the search (from its first step to its results), decoder and rest."""
     steps, mode = [0], Operations()
     step_output, hypotheses = decoding.step_output, search.Finished.hypotheses
@@ -68,15 +68,15 @@ def operations_per_step(translator: Translator, sources: list[list[int]]) -> dic
     decoding.step_output, search.Finished.hypotheses = counted_step, results
     try:
         with mode:
-            translator.generator.search(sources, translator.config.search)
+            engine.generator.search(sources, engine.config.search)
     finally:
         decoding.step_output, search.Finished.hypotheses = step_output, hypotheses
     return {where: round(count / steps[0], 1) for where, count in mode.counts.items()}
 
 
-def translate(translator: Translator, sources: list[list[int]]) -> tuple[float, list[str]]:
-    seconds, _, hyps = timed(translator, sources)
-    return seconds, [translator.pipeline.text(h[0].tokens) if h else "" for h in hyps]
+def translate(engine: Engine, sources: list[list[int]]) -> tuple[float, list[str]]:
+    seconds, _, hyps = timed(engine, sources)
+    return seconds, [engine.pipeline.text(h[0].tokens) if h else "" for h in hyps]
 
 
 def main() -> None:
@@ -95,19 +95,19 @@ def main() -> None:
     tune(device, args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()[: args.lines]
     options = RunConfig(SearchConfig(beam=args.beam, lenpen=args.lenpen), max_tokens=args.max_tokens)
-    translator = Translator([load_bundle(args.model)], options, device, dtype)
-    sources = [translator.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
-    growing = translator.generator.models
-    seconds, outputs = translate(translator, sources)
-    operations = operations_per_step(translator, sources)
-    translator.generator.models = ensemble.Ensemble(growing.models, graphs=True)
-    graph_seconds, graph_outputs = translate(translator, sources)
+    engine = Engine([load_bundle(args.model)], options, device, dtype)
+    sources = [engine.pipeline.source_ids(line, i + 1) for i, line in enumerate(lines)]
+    growing = engine.generator.models
+    seconds, outputs = translate(engine, sources)
+    operations = operations_per_step(engine, sources)
+    engine.generator.models = ensemble.Ensemble(growing.models, graphs=True)
+    graph_seconds, graph_outputs = translate(engine, sources)
     result = {"benchmark": "graph_check", "model": str(args.model), "sentences": len(lines), "device": str(device),
               "dtype": str(dtype).removeprefix("torch."), "replayed": args.replayed,
               "same_lines": sum(a == b for a, b in zip(outputs, graph_outputs)),
               "seconds": round(seconds, 2), "graph_seconds": round(graph_seconds, 2),
               "operations_per_step": operations,
-              "decoders": [list(shape) for shape in translator.generator.models.graphs[0].decoders]}
+              "decoders": [list(shape) for shape in engine.generator.models.graphs[0].decoders]}
     if args.ref:
         refs = args.ref.read_text(encoding="utf-8").splitlines()[: args.lines]
         result["bleu"] = round(sacrebleu.corpus_bleu(outputs, [refs]).score, 2)

@@ -51,7 +51,7 @@ def layout(work: Path, changes: dict, lines: int) -> dict:
     import_model(work / "hf", work / "imported.pt")
     tokenizer = MarianTokenizer.from_pretrained(str(work / "hf"))
     translator = Translator.load(work / "imported.pt", device="cpu")
-    pipeline = translator.pipeline
+    pipeline = translator.engine.pipeline
     english = (SHARED / "multi30k/train.en").read_text(encoding="utf-8").splitlines()[:lines]
     ours = [released_ids(tokenizer, pipeline.src_vocab, pipeline.source_ids(line, k) + [EOS_ID])
             for k, line in enumerate(english)]
@@ -66,7 +66,7 @@ def layout(work: Path, changes: dict, lines: int) -> dict:
             decoder = torch.tensor([released_ids(tokenizer, pipeline.tgt_vocab, t)])
             theirs = model(input_ids=torch.tensor([released_ids(tokenizer, pipeline.src_vocab, s)]),
                            decoder_input_ids=decoder).logits[0]
-            mine = translator.generator.models.models[0](torch.tensor([s]), torch.tensor([t]))[0]
+            mine = translator.engine.generator.models.models[0](torch.tensor([s]), torch.tensor([t]))[0]
             columns = released_ids(tokenizer, pipeline.tgt_vocab, list(range(1, len(pipeline.tgt_vocab))))
             difference = max(difference, (mine[:, 1:] - theirs[:, columns]).abs().max().item())
     val = (SHARED / "multi30k/val.en").read_text(encoding="utf-8").splitlines()[:lines]
@@ -76,7 +76,7 @@ def layout(work: Path, changes: dict, lines: int) -> dict:
         with torch.no_grad():
             out = model.generate(**batch, num_beams=1, max_length=24, bad_words_ids=[[tokenizer.pad_token_id]])
         generated += [[i for i in row.tolist()[1:] if i != tokenizer.pad_token_id] for row in out]
-    _, found = translator.search(val, translator.search_config(beam=1, max_len_b=22))
+    _, found = translator.engine.search(val, translator.search_config(beam=1, max_len_b=22))
     greedy = [released_ids(tokenizer, pipeline.tgt_vocab, h[0].tokens + [EOS_ID]) for h in found]
     return {"ids_equal": ids_equal, "lines": len(english), "max_logit_difference": difference,
             "greedy_equal": sum(a == b for a, b in zip(greedy, generated)), "greedy_lines": len(val)}

@@ -29,7 +29,7 @@ import torch
 from common import SHARED
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.decode.translator import Translator
+from nmt_cli.decode.engine import Engine
 from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.model.released import Released
 from nmt_cli.model.transformer import Transformer
@@ -89,10 +89,10 @@ def native(like: Path, out: Path) -> Path:
     return out
 
 
-def tokens_per_second(translator: Translator, lines: list[str]) -> float:
-    sources = [translator.pipeline.source_ids(line, k + 1) for k, line in enumerate(lines)]
+def tokens_per_second(engine: Engine, lines: list[str]) -> float:
+    sources = [engine.pipeline.source_ids(line, k + 1) for k, line in enumerate(lines)]
     start = time.perf_counter()
-    found = translator.generator.search(sources, translator.config.search)
+    found = engine.generator.search(sources, engine.config.search)
     seconds = time.perf_counter() - start
     return sum(len(h[0].tokens) + 1 for h in found if h) / seconds
 
@@ -112,14 +112,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lines = (SHARED / "multi30k" / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:args.lines]
     search = SearchConfig(beam=4, max_len_a=0, max_len_b=30)
-    translators = {}
+    engines = {}
     for name in ("imported", "native"):
-        translators[name] = Translator([ckpt.load_bundle(args.work / f"{name}.pt")], RunConfig(search=search),
+        engines[name] = Engine([ckpt.load_bundle(args.work / f"{name}.pt")], RunConfig(search=search),
                                        torch.device("cpu"))
-    speeds: dict[str, list[float]] = {name: [] for name in translators}
+    speeds: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(args.repeats):
-        for name, translator in translators.items():
-            speeds[name].append(tokens_per_second(translator, lines))
+        for name, engine in engines.items():
+            speeds[name].append(tokens_per_second(engine, lines))
     size_mb = (directory / "model.safetensors").stat().st_size / 2**20
     print(json.dumps({"benchmark": "import_speed", "model_mb": round(size_mb), "import_s": round(seconds, 2),
                       "import_peak_rss_mb": round(peak), "runtime_rss_mb": round(baseline),

@@ -32,8 +32,8 @@ def one_run(device: str, max_updates: int | None) -> dict:
     from test_end_to_end import REVERSAL_MODEL, REVERSAL_TRAINING
 
     from nmt_cli.config import SearchConfig
+    from nmt_cli.decode.engine import Engine
     from nmt_cli.decode.translate import translate_lines
-    from nmt_cli.decode.translator import Translator
     from nmt_cli.model import checkpoint as ckpt
     from nmt_cli.run_config import RunConfig
     from nmt_cli.train.run import TrainingRun
@@ -50,9 +50,9 @@ def one_run(device: str, max_updates: int | None) -> dict:
         TrainingRun(data, tmp / "ck", REVERSAL_MODEL, config, progress_bar=False).run()
         for name in ("best", "last"):
             for quantize in (None, "int8"):
-                translator = Translator([ckpt.load_bundle(tmp / f"ck/checkpoint_{name}.pt")],
+                engine = Engine([ckpt.load_bundle(tmp / f"ck/checkpoint_{name}.pt")],
                                         RunConfig(SearchConfig(beam=4), quantize=quantize), torch.device("cpu"))
-                outputs = translate_lines(translator, inputs)
+                outputs = translate_lines(engine, inputs)
                 exact = sum(o == e for o, e in zip(outputs, expected)) / len(inputs)
                 bleu = sacrebleu.corpus_bleu(outputs, [expected], tokenize="none").score
                 result[f"{name}_{quantize or 'fp32'}"] = [round(exact, 3), round(bleu, 1)]

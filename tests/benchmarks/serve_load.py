@@ -31,8 +31,8 @@ import torch
 from common import SHARED
 
 from nmt_cli.config import SearchConfig
+from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.translate import translate_lines
-from nmt_cli.decode.translator import Translator
 from nmt_cli.device import tune
 from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig
@@ -90,11 +90,11 @@ def main() -> None:
               for k in range(args.requests)]
     device = torch.device("cpu")
     tune(device, args.threads)
-    translator = Translator([load_bundle(args.model)], RunConfig(SearchConfig()), device)
+    engine = Engine([load_bundle(args.model)], RunConfig(SearchConfig()), device)
     start = time.perf_counter()
-    translate_lines(translator, [line for body in bodies for line in body])
+    translate_lines(engine, [line for body in bodies for line in body])
     file_rate = args.requests * args.sentences / (time.perf_counter() - start)
-    del translator
+    del engine
     torch.set_num_threads(1)  # the clients need little; the server has its own threads
     options, headers = [], {}
     if args.guarded:

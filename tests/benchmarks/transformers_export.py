@@ -40,7 +40,7 @@ def logit_difference(ours: OurSide, tokenizer, model, count: int = 50) -> float:
     """Largest |difference| of the two models' logits on the first `count` (source, reference) pairs."""
     sources, refs = ours.lines[:count], ours.refs[:count]
     batch = tokenizer(sources, return_tensors="pt", padding=True)
-    tgt = [ours.translator.pipeline.target_ids(r, k + 1, "reference") + [EOS_ID] for k, r in enumerate(refs)]
+    tgt = [ours.engine.pipeline.target_ids(r, k + 1, "reference") + [EOS_ID] for k, r in enumerate(refs)]
     tgt_in = padded([[BOS_ID] + row[:-1] for row in tgt])
     with torch.no_grad():
         mine = ours.bundle.model(padded([s + [EOS_ID] for s in ours.sources[:count]]), tgt_in)
@@ -53,8 +53,8 @@ def ours_translated(ours: OurSide, beam: int, lenpen: float) -> list[str]:
     # as `nmt translate` with --max-len-a 0 --max-len-b (a large number): the limit is the model's positions,
     # as for `generate` (max_length)
     search = SearchConfig(beam=beam, lenpen=lenpen, max_len_a=0, max_len_b=100_000)
-    hyps = ours.translator.generator.search(ours.sources, search)
-    return [ours.translator.pipeline.text(h[0].tokens) if h else "" for h in hyps]
+    hyps = ours.engine.generator.search(ours.sources, search)
+    return [ours.engine.pipeline.text(h[0].tokens) if h else "" for h in hyps]
 
 
 def generated(tokenizer, model, lines: list[str], batch: int, **kwargs) -> list[str]:

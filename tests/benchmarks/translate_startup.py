@@ -4,7 +4,7 @@
 Each round runs `python -m nmt_cli translate` on the first `--lines` lines in a fresh process and
 times it from the outside (interpreter start to exit). One more fresh process times the stages
 one after another (`--stages`): importing torch, importing the rest of `nmt translate`'s code,
-choosing the device (CUDA initialization), loading the checkpoint, building the translator,
+choosing the device (CUDA initialization), loading the checkpoint, building the engine,
 translating. Prints one JSON line. With `--arch`, the checkpoint timed is an untrained model of
 that preset with CKPT's vocabulary and text settings (what loading a large model costs).
 """
@@ -30,8 +30,8 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
     import torch  # noqa: F401
 
     mark("import_torch")
+    from nmt_cli.decode.engine import Engine
     from nmt_cli.decode.translate import translate_lines
-    from nmt_cli.decode.translator import Translator
     from nmt_cli.device import select, tune
     from nmt_cli.model.checkpoint import load_bundle
     from nmt_cli.run_config import RunConfig
@@ -43,9 +43,9 @@ def stages(model: Path, source: Path, device: str, cuda_graphs: bool) -> dict[st
     mark("select_device")
     bundle = load_bundle(model)
     mark("load_checkpoint")
-    translator = Translator([bundle], config, torch_device, dtype)
+    engine = Engine([bundle], config, torch_device, dtype)
     mark("build_translator")
-    translate_lines(translator, source.read_text(encoding="utf-8").splitlines())
+    translate_lines(engine, source.read_text(encoding="utf-8").splitlines())
     mark("translate")
     return {name: round(t - marks[i][1], 3) for i, (name, t) in enumerate(marks[1:])}
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from builders import LINES, averaged_log_probs, random_model, sources, translator
+from builders import LINES, averaged_log_probs, engine, random_model, sources
 from builders import run_translate as run
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
@@ -29,7 +29,7 @@ def model_path(tmp_path):
 
 
 def sources_of(model_path) -> list[list[int]]:
-    pipeline = translator(model_path).pipeline
+    pipeline = engine(model_path).pipeline
     return [pipeline.source_ids(line, k + 1) for k, line in enumerate(LINES)]
 
 
@@ -66,7 +66,7 @@ def test_a_batch_the_gpu_has_no_memory_for_is_searched_in_halves(model_path, tmp
 
 
 def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
-    fp32, int8 = translator(model_path).generator, translator(model_path, quantize="int8").generator
+    fp32, int8 = engine(model_path).generator, engine(model_path, quantize="int8").generator
     model = int8.models.models[0]
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     assert isinstance(model.output_projection, torch.ao.nn.quantized.dynamic.Linear)
@@ -79,7 +79,7 @@ def test_quantize_int8_replaces_every_linear_layer_and_stays_close(model_path):
         quantized = model(src, tgt).log_softmax(-1)
     assert (quantized - reference).abs().max() < 0.1
     assert not torch.equal(quantized, reference)  # it did change the arithmetic
-    assert len(translate_lines(translator(model_path, quantize="int8"), LINES)) == len(LINES)
+    assert len(translate_lines(engine(model_path, quantize="int8"), LINES)) == len(LINES)
 
 
 def test_quantize_int8_cli_and_refused_off_cpu_fp32(model_path):

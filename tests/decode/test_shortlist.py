@@ -90,12 +90,12 @@ def test_what_a_search_must_output_comes_through_a_small_shortlist(trained, tmp_
     small = make(data, first=0, best=1)
     small.save(tmp_path / "small.txt")
     translator = Translator.load(model, device="cpu", shortlist=tmp_path / "small.txt")
-    vocab = translator.bundle.tgt_vocab
-    allowed = set(small.columns([translator.source_ids(line) for line in LINES]).tolist())  # one batch
+    vocab = translator.engine.bundle.tgt_vocab
+    allowed = set(small.columns([translator.engine.source_ids(line) for line in LINES]).tolist())  # one batch
     assert len(allowed) < len(vocab)
     for hyps, line in zip(translator.hypotheses(LINES, beam=3, nbest=3), LINES):
         assert all({vocab.index[t] for t in h.tokens} <= allowed for h in hyps), line
-    allowed = set(small.columns([translator.source_ids("a b")]).tolist())
+    allowed = set(small.columns([translator.engine.source_ids("a b")]).tolist())
     assert not {vocab.index[w] for w in "hgfe"} & allowed  # what follows is not among the candidates of "a b"
     assert translator.translate(["a b"], prefixes=["h g"])[0].startswith("h g")
     assert "f e" in translator.translate(["a b"], constraints=[["f e"]], beam=4)[0]
@@ -137,7 +137,7 @@ def test_the_ctranslate2_export_carries_the_shortlist_as_its_vocabulary_map(trai
     small.save(tmp_path / "small.txt")
     whole(data).save(tmp_path / "whole.txt")
     translator = Translator.load(model, device="cpu")
-    tokens = [translator.pipeline.tokens(translator.source_ids(line)) for line in LINES]
+    tokens = [translator.engine.pipeline.tokens(translator.engine.source_ids(line)) for line in LINES]
     outputs = {}
     for name in ("small", "whole"):
         result = cli("export", "-m", model, "--format", "ctranslate2", "-o", tmp_path / name, "--shortlist",
@@ -148,9 +148,9 @@ def test_the_ctranslate2_export_carries_the_shortlist_as_its_vocabulary_map(trai
         outputs[name] = [r.hypotheses[0] for r in ct2.translate_batch(tokens, beam_size=1, use_vmap=True)]
         plain = [r.hypotheses[0] for r in ct2.translate_batch(tokens, beam_size=1)]
     assert outputs["whole"] == plain
-    vocab = translator.bundle.tgt_vocab
+    vocab = translator.engine.bundle.tgt_vocab
     for line_tokens, output in zip(tokens, outputs["small"]):
-        allowed = {vocab.tokens[i] for i in small.columns([[translator.bundle.src_vocab.index[t] for t in
+        allowed = {vocab.tokens[i] for i in small.columns([[translator.engine.bundle.src_vocab.index[t] for t in
                                                             line_tokens]]).tolist()}
         assert set(output) <= allowed
     assert cli("export", "-m", model, "--format", "transformers", "-o", tmp_path / "x", "--shortlist",

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from builders import LINES, translator
+from builders import LINES, engine
 from builders import run_translate as run
 from click.testing import CliRunner
 from conftest import tiny_checkpoint, write_lines
@@ -27,12 +27,12 @@ def model_path(tmp_path):
 
 
 def test_batched_equals_one_by_one_and_keeps_order(model_path):
-    batched = translate_lines(translator(model_path), LINES)
-    alone = [translate_lines(translator(model_path), [line])[0] for line in LINES]
+    batched = translate_lines(engine(model_path), LINES)
+    alone = [translate_lines(engine(model_path), [line])[0] for line in LINES]
     assert batched == alone and len(batched) == len(LINES)
     assert batched[1] == "" and batched[4] == ""
     assert len({out for out in batched if out}) >= 3  # outputs depend on the input: the order is checked
-    small_batches = translate_lines(translator(model_path, max_tokens=8, batch_size=2), LINES)
+    small_batches = translate_lines(engine(model_path, max_tokens=8, batch_size=2), LINES)
     assert small_batches == batched
 
 
@@ -44,13 +44,13 @@ def test_cuda_graphs_are_refused_without_a_gpu(model_path):
 def test_line_longer_than_positions_is_truncated_with_a_warning(tmp_path):
     path = tiny_checkpoint(tmp_path / "short.pt", max_positions=8)
     warnings = []
-    out = translate_lines(translator(path, warnings), ["a b", "a b c d e f g h i j k l", "c"], first_number=10)
+    out = translate_lines(engine(path, warnings), ["a b", "a b c d e f g h i j k l", "c"], first_number=10)
     assert len(out) == 3
     assert warnings == ["warning: line 11: 12 tokens, more than the model's 7; translating the first 7"]
 
 
 def test_jsonl_nbest_with_scores(model_path):
-    t = translator(model_path, search=SearchConfig(beam=3, nbest=2, max_len_a=1, max_len_b=3))
+    t = engine(model_path, search=SearchConfig(beam=3, nbest=2, max_len_a=1, max_len_b=3))
     records = [json.loads(line) for line in translate_lines(t, ["a b c", ""], config=TranslateConfig(format="jsonl"))]
     assert [r["line"] for r in records] == [1, 2]
     first = records[0]
@@ -87,11 +87,11 @@ def test_failure_midway_leaves_no_output_file(model_path, tmp_path, monkeypatch)
     calls = []
     real = tr.translate_lines
 
-    def fail_on_second_chunk(translator, lines, first_number, config):
+    def fail_on_second_chunk(engine, lines, first_number, config):
         calls.append(first_number)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(translator, lines, first_number, config)
+        return real(engine, lines, first_number, config)
 
     monkeypatch.setattr(tr, "translate_lines", fail_on_second_chunk)
     result = run("-m", model_path, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
@@ -114,8 +114,8 @@ def test_options_out_of_range(model_path, args, flag):
 
 
 def test_output_formats(model_path):
-    assert translator(model_path, output_format="bpe").pipeline.text([5, 6]) == "b c"
-    assert translator(model_path, input_format="bpe").pipeline.source_ids("a b zz", 1) == [4, 5, 3]
+    assert engine(model_path, output_format="bpe").pipeline.text([5, 6]) == "b c"
+    assert engine(model_path, input_format="bpe").pipeline.source_ids("a b zz", 1) == [4, 5, 3]
 
 
 def test_attention_layer_out_of_range_and_mismatched_ensemble(model_path, tmp_path):
@@ -162,17 +162,17 @@ def test_arriving_chunks_hand_on_what_came_before_a_pause():
 
 
 def test_prefixed_lines_start_with_their_prefix(model_path):
-    t = translator(model_path, output_format="bpe", search=SearchConfig(beam=3, max_len_a=1, max_len_b=4))
+    t = engine(model_path, output_format="bpe", search=SearchConfig(beam=3, max_len_a=1, max_len_b=4))
     out = translate_lines(t, ["a b c\tn o", "p o n", "e f\t", "g h\tzzz k"], config=PREFIXED)
     assert out[0].split()[:2] == ["n", "o"]
-    assert out[1] == translate_lines(translator(model_path, output_format="bpe",
+    assert out[1] == translate_lines(engine(model_path, output_format="bpe",
                                 search=SearchConfig(beam=3, max_len_a=1, max_len_b=4)), ["p o n"])[0]
     assert out[3].split()[:2] == ["<unk>", "k"]  # an unknown word in a prefix stays where it is
 
 
 def test_a_prefix_the_vocabulary_lacks_is_warned_once_with_its_line(model_path):
     warnings = []
-    t = translator(model_path, warnings, output_format="bpe")
+    t = engine(model_path, warnings, output_format="bpe")
     out = translate_lines(t, ["a b c\tn o", "p o n\tzzz ü k", "e f\tyyy"], first_number=7, config=PREFIXED)
     assert out[1].split()[:3] == ["<unk>", "<unk>", "k"]
     assert warnings == ["warning: line 8: the prefix has 'zzz', 'ü', which the model's vocabulary lacks: forced as "
@@ -181,7 +181,7 @@ def test_a_prefix_the_vocabulary_lacks_is_warned_once_with_its_line(model_path):
 
 def test_an_empty_source_with_a_prefix_gives_the_prefix_and_says_so_once(model_path):
     warnings = []
-    t = translator(model_path, warnings, output_format="bpe")
+    t = engine(model_path, warnings, output_format="bpe")
     out = translate_lines(t, ["a b\tn", "\tn o", " \tp", "\t", ""], first_number=3, config=PREFIXED)
     assert out[1:] == ["n o", "p", "", ""]
     assert warnings == ["warning: line 4: an empty source with a prefix: its output is the prefix alone (warned "

@@ -203,8 +203,8 @@ def test_attention_gives_each_hypothesis_its_alignment(model_path):
 
 def test_iteration_translates_any_number_of_lines_a_chunk_at_a_time(model_path, monkeypatch):
     translator = Translator.load(model_path, device="cpu", beam=2, max_len_a=0, max_len_b=3)
-    searched, search = [], translator.generator.search
-    monkeypatch.setattr(translator.generator, "search", lambda sources, *args: searched.append(len(sources)) or
+    searched, search = [], translator.engine.generator.search
+    monkeypatch.setattr(translator.engine.generator, "search", lambda sources, *args: searched.append(len(sources)) or
                         search(sources, *args))
     lines = (line for _ in range(5) for line in LINES)  # a generator: never a list in memory
     assert list(translator.translate_iter(lines, chunk_lines=4)) == translator.translate(LINES * 5)

@@ -88,14 +88,14 @@ def test_greedy_translations_are_ctranslate2s(tmp_path, norm, activation, output
     import_model(directory, tmp_path / "imported.pt")
     MarianConverter(str(directory / "model.npz"), [str(directory / "vocab.yml")] * 2).convert(str(tmp_path / "ct2"))
     translator = Translator.load(tmp_path / "imported.pt", device="cpu")
-    pipeline = translator.pipeline
+    pipeline = translator.engine.pipeline
     assert pipeline.src_vocab.tokens[4:] == [t for t in load_vocab(directory / "vocab.yml") if t not in
                                              ("</s>", "<unk>")]  # both read the vocabulary alike
     lines = english(200)
     sources = [pipeline.src_vocab.decode(pipeline.source_ids(line, k)) for k, line in enumerate(lines)]
     results = ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(sources, beam_size=1,
                                                                            max_decoding_length=12)
-    _, found = translator.search(lines, translator.search_config(beam=1, max_len_a=0, max_len_b=12))
+    _, found = translator.engine.search(lines, translator.search_config(beam=1, max_len_a=0, max_len_b=12))
     ours = [pipeline.tgt_vocab.decode(hyps[0].tokens) for hyps in found]
     assert ours == [r.hypotheses[0] for r in results]
     assert len({tuple(row) for row in ours}) > len(lines) // 10  # translations that differ from line to line

@@ -65,7 +65,7 @@ def english(n):
 def test_token_ids_are_marian_tokenizers(any_release):
     tmp, _, tokenizer, translator = any_release
     lines = english(1000) + [">>fra<< A tagged line.", "  spaced   out  ", ">>x<<", "Ünïcödé — “quotes” 3½"]
-    pipeline = translator.pipeline
+    pipeline = translator.engine.pipeline
     ours = [marian_ids(tokenizer, pipeline.src_vocab, pipeline.source_ids(line, k) + [EOS_ID])
             for k, line in enumerate(lines)]
     assert ours == tokenizer(lines)["input_ids"]
@@ -86,14 +86,14 @@ def test_logits_are_marian_mt_models(any_release):
     with torch.no_grad():
         theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        decoder_input_ids=decoder_input).logits
-    vocab = translator.pipeline.tgt_vocab
+    vocab = translator.engine.pipeline.tgt_vocab
     to_ours = {marian: ours for ours, marian in enumerate(marian_ids(tokenizer, vocab, range(len(vocab))))}
     to_ours[model.config.decoder_start_token_id] = BOS_ID
 
     def ours_of(ids):
         return ids.apply_(lambda i: to_ours[i])
 
-    ours_model = translator.generator.models.models[0]
+    ours_model = translator.engine.generator.models.models[0]
     src = ours_of(batch["input_ids"].clone()).masked_fill(batch["attention_mask"] == 0, 0)
     with torch.no_grad():
         ours = ours_model(src, ours_of(decoder_input.clone()))
@@ -115,8 +115,8 @@ def test_greedy_translations_are_generates_on_every_line(any_release):
         with torch.no_grad():
             out = model.generate(**batch, num_beams=1, max_length=length, bad_words_ids=[[tokenizer.pad_token_id]])
         theirs += [[i for i in row.tolist()[1:] if i != tokenizer.pad_token_id] for row in out]
-    _, found = translator.search(lines, translator.search_config(beam=1, max_len_b=length - 2))
-    vocab = translator.pipeline.tgt_vocab
+    _, found = translator.engine.search(lines, translator.search_config(beam=1, max_len_b=length - 2))
+    vocab = translator.engine.pipeline.tgt_vocab
     ours = [marian_ids(tokenizer, vocab, hyps[0].tokens + [EOS_ID]) for hyps in found]
     assert ours == theirs
     assert len({tuple(row) for row in ours}) > len(lines) // 10  # translations that differ from line to line
@@ -294,11 +294,11 @@ def test_ctranslate2_greedy_is_ours(released, tmp_path):
     tmp, _, _, translator = released
     assert cli("export", "-m", tmp / "imported.pt", "--format", "ctranslate2", "-o", tmp_path / "ct2").exit_code == 0
     lines = english(100)
-    pipeline = translator.pipeline
+    pipeline = translator.engine.pipeline
     sources = [pipeline.src_vocab.decode(pipeline.source_ids(line, k)) for k, line in enumerate(lines)]
     results = ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(sources, beam_size=1,
                                                                            max_decoding_length=16)
-    _, found = translator.search(lines, translator.search_config(beam=1, max_len_b=16))
+    _, found = translator.engine.search(lines, translator.search_config(beam=1, max_len_b=16))
     ours = [pipeline.tgt_vocab.decode(hyps[0].tokens) for hyps in found]
     assert [r.hypotheses[0] for r in results] == ours
 
@@ -317,7 +317,8 @@ def test_a_multilingual_model_lists_its_codes_and_warns_once_of_a_line_without(t
     translator = Translator.load(tmp_path / "m.pt", warn=warnings.append, beam=1, max_len_b=3)
     translator.translate([">>por<< Hello.", "Hello.", "World."])
     assert len(warnings) == 1 and "line 2" in warnings[0] and ">>fra<<" in warnings[0]
-    assert translator.pipeline.source_ids(">>por<< Hello.", 1)[0] == translator.pipeline.src_vocab.index[">>por<<"]
+    pipeline = translator.engine.pipeline
+    assert pipeline.source_ids(">>por<< Hello.", 1)[0] == pipeline.src_vocab.index[">>por<<"]
 
 
 @pytest.mark.slow

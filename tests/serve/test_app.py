@@ -17,8 +17,8 @@ import torch
 from conftest import request, serving, tiny_checkpoint
 
 from nmt_cli.config import SearchConfig
+from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.translate import translate_lines
-from nmt_cli.decode.translator import Translator
 from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig, TranslateConfig
 
@@ -36,9 +36,9 @@ def server(tmp_path_factory):
 
 def expected(model, lines, attention=False, prefix=False, **search):
     """`nmt translate --format jsonl`'s records of `lines` (with `prefix`: SOURCE<TAB>PREFIX lines)."""
-    translator = Translator([load_bundle(model)], RunConfig(SearchConfig(**search)), torch.device("cpu"))
+    engine = Engine([load_bundle(model)], RunConfig(SearchConfig(**search)), torch.device("cpu"))
     config = TranslateConfig(format="jsonl", attention=attention, prefix=prefix)
-    return [json.loads(record) for record in translate_lines(translator, lines, config=config)]
+    return [json.loads(record) for record in translate_lines(engine, lines, config=config)]
 
 
 @pytest.mark.slow

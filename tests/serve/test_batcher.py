@@ -1,8 +1,8 @@
-"""The server's translation thread (batcher.py) with a stand-in translator whose searches are
+"""The server's translation thread (batcher.py) with a stand-in engine whose searches are
 written down: a request larger than a search's batch (--max-tokens) is cut into searches, by
 length; a small request that comes after a large one waits one search; requests with the same
 options share one; a request past --max-source-tokens is refused; a draining batcher answers
-ShuttingDown. With the real translator, the cut answers are those of one search."""
+ShuttingDown. With the real engine, the cut answers are those of one search."""
 
 import signal
 import threading
@@ -24,7 +24,7 @@ from nmt_cli.serve.batcher import Batcher, RequestTooLarge, ShuttingDown
 
 
 class Recorder:
-    """A translator whose source ids are a line's words as numbers, whose search copies each source
+    """An engine whose source ids are a line's words as numbers, whose search copies each source
     and writes down the sentences it was given; each search waits for `gate` when one is set."""
 
     def __init__(self) -> None:
@@ -65,19 +65,19 @@ class Recorder:
 
 
 class Serving(Batcher):
-    """A batcher of one translator, on a thread of its own."""
+    """A batcher of one engine, on a thread of its own."""
 
-    def __init__(self, translator, config: ServeConfig) -> None:
-        super().__init__(config, [translator])
-        self.translator = translator
+    def __init__(self, engine, config: ServeConfig) -> None:
+        super().__init__(config, [engine])
+        self.engine = engine
 
     def submit(self, search: SearchConfig, lines: list[str]):
-        return super().submit(self.translator, search, lines)
+        return super().submit(self.engine, search, lines)
 
 
-def batcher(translator, **options) -> Batcher:
-    """A batcher of `translator` running on a thread of its own."""
-    serving = Serving(translator, ServeConfig(**{"batch_window_ms": 0.0, **options}))
+def batcher(engine, **options) -> Batcher:
+    """A batcher of `engine` running on a thread of its own."""
+    serving = Serving(engine, ServeConfig(**{"batch_window_ms": 0.0, **options}))
     serving.thread = threading.Thread(target=serving.run, daemon=True)
     serving.thread.start()
     return serving
@@ -182,11 +182,11 @@ def test_cut_searches_give_the_translations_of_one(tmp_path):
     translator = Translator([bundle], RunConfig(), torch.device("cpu"))
     lines = ["a b c d", "p o n m l k", "", "e", "f g h i j k l m n o p a b c", "c c c", "h a", "b b a a"]
     search = SearchConfig(beam=3, max_len_b=5)
-    found = batcher(translator, max_tokens=6).submit(search, lines).result(timeout=60)
+    found = batcher(translator.engine, max_tokens=6).submit(search, lines).result(timeout=60)
     alone = translator.hypotheses(lines, beam=3, max_len_b=5)
     assert [[t.text for t in hyps] for hyps in found] == [[t.text for t in hyps] for hyps in alone]
     sampled = SearchConfig(sampling=True, seed=11, nbest=2)
-    found = batcher(translator, max_tokens=1000).submit(sampled, lines).result(timeout=60)
+    found = batcher(translator.engine, max_tokens=1000).submit(sampled, lines).result(timeout=60)
     alone = translator.hypotheses(lines, sampling=True, seed=11, nbest=2)
     assert [[t.text for t in hyps] for hyps in found] == [[t.text for t in hyps] for hyps in alone]
 
