@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from nmt_cli.command import Group
-from nmt_cli.config import PreprocessConfig, SearchConfig, TextConfig, TrainConfig
+from nmt_cli.config import FROM_DATA_DECIDES, PreprocessConfig, SearchConfig, TextConfig, TrainConfig
 from nmt_cli.corpus.report import print_summary, print_table
 from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
@@ -82,13 +82,6 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | N
         *((key, str(value)) for key, value in config.to_dict().items()), ("vocabulary", vocabulary),
         ("parameters", f"{params:,} ({params / 1e6:.1f}M)"), *([("paper (Table 3)", f"{row.name}: {row.params_m:g}M")]
                                                               if row else [])])
-
-
-# What `nmt preprocess --from-data` (or --from-model) takes from the data directory (or checkpoint),
-# besides its text settings.
-FROM_DATA_DECIDES = ("bpe_codes", "bpe_merges", "sentencepiece_model", "target_sentencepiece_model",
-                     "sentencepiece_type", "srcdict", "tgtdict", "vocab_size", "vocab_min_count", "padding_factor",
-                     "joined_dictionary")
 
 
 @main.command()

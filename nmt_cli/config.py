@@ -259,6 +259,13 @@ _LEARNED_PIECES = (lambda c: c.text.sentencepiece and c.sentencepiece_model is N
                    "when --subword sentencepiece learns a model (a given --sentencepiece-model has its type)")
 
 
+# The PreprocessConfig fields that `nmt preprocess --from-data` (or --from-model) takes from the
+# data directory (or checkpoint), besides its text settings: given with it, they are refused.
+FROM_DATA_DECIDES = ("bpe_codes", "bpe_merges", "sentencepiece_model", "target_sentencepiece_model",
+                     "sentencepiece_type", "srcdict", "tgtdict", "vocab_size", "vocab_min_count", "padding_factor",
+                     "joined_dictionary")
+
+
 @dataclass(frozen=True)
 class PreprocessConfig(Options):
     """`nmt preprocess` (preprocess.py): what to read, the BPE and vocabulary, the filter."""

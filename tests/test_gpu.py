@@ -184,8 +184,8 @@ def test_serve_on_the_gpu_answers_as_the_cpu_translates(tmp_path):
     assert sum(a == b for a, b in zip(answer["translations"], cpu)) >= 0.9 * len(lines)
 
 
-def test_start_from_a_released_model_on_the_gpu(tmp_path, monkeypatch):
+def test_start_from_a_released_model_on_the_gpu(tmp_path, multi30k):
     """The README's "Start from a released model" commands (test_readme.py) where device auto is the GPU."""
     from test_readme import test_start_from_a_released_model_runs_as_written
 
-    test_start_from_a_released_model_runs_as_written(tmp_path, monkeypatch)
+    test_start_from_a_released_model_runs_as_written(tmp_path, multi30k)

@@ -1,6 +1,6 @@
 """The package's shape: feature folders (wings) that import only the wings their rule names, the
 root's foundations beneath them all and the command line above; no import circles; the paper's
-model alone in model/transformer.py; no module over 400 lines."""
+model alone in model/transformer.py; no module over 400 lines, no function over 80, no class over 200."""
 
 import ast
 import re
@@ -8,6 +8,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nmt_cli"
 MODULE_LINES = 400
+FUNCTION_LINES = 80
+CLASS_LINES = 200
 ROOT_MODULES = 15
 
 # The root: foundations and settings, which import only each other, and the command line and the
@@ -134,6 +136,14 @@ def test_no_module_is_over_400_lines():
     long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py")
             if (n := len(path.read_text().splitlines())) > MODULE_LINES}
     assert not long, long
+
+
+def test_no_function_over_80_lines_and_no_class_over_200():
+    long = [f"{path.relative_to(PACKAGE)}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.end_lineno -
+            node.lineno + 1 > (CLASS_LINES if isinstance(node, ast.ClassDef) else FUNCTION_LINES)]
+    assert not long, "\n".join(long)
 
 
 def test_the_checks_catch_what_they_look_for(tmp_path):

@@ -46,14 +46,14 @@ def test_the_python_api_examples_run(tmp_path, monkeypatch, capsys, page, lines)
 
 
 @pytest.mark.slow
-def test_the_quick_tour_runs_as_written(tmp_path, monkeypatch):
+def test_the_quick_tour_runs_as_written(tmp_path, multi30k):
     """The README's Quick tour, in a shell from a copy of the checkout's data/, on Multi30k cut to
     300 training pairs and 20 test lines, with 200 merges and 5 updates (a checkpoint each)."""
     import os
     import subprocess
     import sys
 
-    from conftest import MULTI30K, head, write_lines
+    from conftest import head, write_lines
 
     text = ROOT.joinpath("README.md").read_text()
     section = text.split("## Quick tour", 1)[1].split("\n## ", 1)[0]
@@ -62,7 +62,7 @@ def test_the_quick_tour_runs_as_written(tmp_path, monkeypatch):
     assert download.startswith("bash data/get_multi30k.sh raw")
     (tmp_path / "data").symlink_to(ROOT / "data")
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                   "MULTI30K_DIR": str(MULTI30K)}
+                   "MULTI30K_DIR": str(multi30k)}
     run = {"cwd": tmp_path, "env": environment, "capture_output": True, "text": True, "timeout": 600}
     done = subprocess.run(["bash", "-c", download], **run)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -80,14 +80,14 @@ def test_the_quick_tour_runs_as_written(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_start_from_a_released_model_runs_as_written(tmp_path, monkeypatch):
+def test_start_from_a_released_model_runs_as_written(tmp_path, multi30k):
     """The README's "Start from a released model" commands, in a shell, on a random-weight release
     of OPUS-MT's layout in place of the download, Multi30k slices as raw/, and 3 updates."""
     import os
     import subprocess
     import sys
 
-    from conftest import MULTI30K, head, opus_mt_release, write_lines
+    from conftest import head, opus_mt_release, write_lines
 
     text = ROOT.joinpath("README.md").read_text()
     section = text.split("## Start from a released model", 1)[1].split("\n## ", 1)[0]
@@ -98,7 +98,7 @@ def test_start_from_a_released_model_runs_as_written(tmp_path, monkeypatch):
     (tmp_path / "raw").mkdir()
     for split, start in (("train", 0), ("val", 1000)):
         for lang in ("en", "de"):
-            write_lines(tmp_path / f"raw/{split}.{lang}", head(MULTI30K / f"train.{lang}", start + 60)[start:])
+            write_lines(tmp_path / f"raw/{split}.{lang}", head(multi30k / f"train.{lang}", start + 60)[start:])
     script = "set -euo pipefail\n" + "\n".join(rest).replace("--max-updates 2000", "--max-updates 3") + "\n"
     script = script.replace("--from-model en-de.pt", "--from-model en-de.pt --max-len-ratio 4 --quiet")
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

@@ -20,6 +20,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -155,6 +156,35 @@ def fastest_precision(data_dir: Path, model_config: ModelConfig, config: TrainCo
     return chosen
 
 
+def resumed_progress(state: dict[str, Any], path: Path, config: TrainConfig, batching: dict[str, Any],
+                     log: Callable[[str], None], rank: int) -> Progress:
+    """Where the run of the checkpoint at `path` (`state`) stands, taken up by process `rank` with
+    its RNG state; a new epoch where the batching changed, and a warning where the checkpoint keeps
+    a weight average that this run does not continue."""
+    progress = Progress(**state["progress"])
+    decay = state.get("train_config", {}).get("ema_decay")
+    if "ema" in state and not config.ema_decay:
+        log(f"warning: {path} keeps a weight average (--ema-decay {decay:g}); this run, without --ema-decay, "
+            f"stops averaging and checkpoint_ema.pt stays at update {progress.updates}: add --ema-decay {decay:g} "
+            "to continue the average")
+    if not same_updates(state["batching"], batching):
+        log(f"batching changed since {path} ({state['batching']} -> {batching}): continuing with epoch "
+            f"{progress.epoch + 1}")
+        progress.epoch, progress.epoch_updates = progress.epoch + 1, 0
+    states = state["rng"]
+    set_rng_state(states[min(rank, len(states) - 1)])
+    if rank >= len(states):  # more processes than the checkpoint's: dropout differs per process
+        torch.manual_seed(config.seed + rank + progress.updates)
+    return progress
+
+
+def intervals_due(config: TrainConfig, updates: int, advanced: bool = True) -> tuple[bool, bool]:
+    """Whether --validate-interval-updates and --save-interval-updates are due at this update
+    (never again after a skipped one)."""
+    return (advanced and bool(config.validate_interval_updates) and updates % config.validate_interval_updates == 0,
+            advanced and bool(config.save_interval_updates) and updates % config.save_interval_updates == 0)
+
+
 class TrainingRun:
     """Data, model, trainer and save directory of one `nmt train` invocation."""
 
@@ -197,7 +227,9 @@ class TrainingRun:
         self.trainer = Trainer(self.model, config, self.runtime)
         self.progress = Progress()
         if state is not None:
-            self._continue(state)
+            self.trainer.load_state(state)
+            self.progress = resumed_progress(state, self.checkpoints.last, config, self.batching(), self.log.log,
+                                             self.runtime.rank)
         else:
             torch.manual_seed(config.seed + self.runtime.rank)  # dropout differs per process
         self.resumed = state is not None
@@ -208,24 +240,6 @@ class TrainingRun:
     def ending_on_loss(self) -> contextlib.AbstractContextManager:
         """With several processes: a lost one ends this one with a line (peers.Heartbeat)."""
         return self.runtime.peers.ending_on_loss() if self.runtime.peers else contextlib.nullcontext()
-
-    def _continue(self, state: dict[str, Any]) -> None:
-        """Take up the optimizer, progress and RNG states of the checkpoint resumed from."""
-        self.trainer.load_state(state)
-        self.progress = Progress(**state["progress"])
-        decay = state.get("train_config", {}).get("ema_decay")
-        if "ema" in state and not self.config.ema_decay:
-            self.log.log(f"warning: {self.checkpoints.last} keeps a weight average (--ema-decay {decay:g}); this "
-                         f"run, without --ema-decay, stops averaging and checkpoint_ema.pt stays at update "
-                         f"{self.progress.updates}: add --ema-decay {decay:g} to continue the average")
-        if not same_updates(state["batching"], self.batching()):
-            self.log.log(f"batching changed since {self.checkpoints.last} ({state['batching']} -> "
-                         f"{self.batching()}): continuing with epoch {self.progress.epoch + 1}")
-            self.progress.epoch, self.progress.epoch_updates = self.progress.epoch + 1, 0
-        rank, states = self.runtime.rank, state["rng"]
-        set_rng_state(states[min(rank, len(states) - 1)])
-        if rank >= len(states):  # more processes than the checkpoint's: dropout differs per process
-            torch.manual_seed(self.config.seed + rank + self.progress.updates)
 
     @functools.cached_property
     def pipeline(self) -> TextPipeline:
@@ -338,7 +352,7 @@ class TrainingRun:
         are looked at every `read_every` updates (with several processes agreeing on them is an
         all-reduce, a host wait), the update-count criteria at every update."""
         c, p = self.config, self.progress
-        if advanced and p.updates % self.read_every and p.done(c) is None and not any(self._interval_due()):
+        if advanced and p.updates % self.read_every and p.done(c) is None and not any(intervals_due(c, p.updates)):
             return None
         self._read()  # what validates, saves or stops counts only the updates that were applied
         save_due = time.monotonic() - self.last_save >= c.save_interval_minutes * 60
@@ -347,7 +361,7 @@ class TrainingRun:
         out_of_time = c.max_time is not None and elapsed >= c.max_time * 60
         stop = Stop.INTERRUPTED if signalled else Stop.MAX_TIME if out_of_time else p.done(c)
         best = False
-        validate_due, save_interval_due = self._interval_due(advanced)
+        validate_due, save_interval_due = intervals_due(c, p.updates, advanced)
         if validate_due or (stop is not None and stop is not Stop.INTERRUPTED):
             best = self.validate()
             stop = stop or p.done(c)
@@ -360,13 +374,6 @@ class TrainingRun:
         time all processes agree on."""
         if self.config.max_time is not None:
             self.trainer.time_spent = elapsed_s / (self.config.max_time * 60)
-
-    def _interval_due(self, advanced: bool = True) -> tuple[bool, bool]:
-        """Whether --validate-interval-updates and --save-interval-updates are due at this update
-        (never again after a skipped one)."""
-        c, updates = self.config, self.progress.updates
-        return (advanced and bool(c.validate_interval_updates) and updates % c.validate_interval_updates == 0,
-                advanced and bool(c.save_interval_updates) and updates % c.save_interval_updates == 0)
 
     def _read(self) -> None:
         """Read the pending updates' losses (one host wait) into the log, which reports every

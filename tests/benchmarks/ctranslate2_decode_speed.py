@@ -38,15 +38,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         shortlist = args.shortlist and Shortlist.load(args.shortlist, ours.bundle)
         save_ctranslate2(ours.bundle, Path(work) / "ct2", shortlist=shortlist)  # what `nmt export` writes
-        engine = ctranslate2.Engine(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
+        translator = ctranslate2.Translator(str(Path(work) / "ct2"), device="cpu", compute_type=args.compute_type,
                                             intra_threads=args.threads, inter_threads=1)
         # same model? score the references with CTranslate2 too (it adds the EOS itself)
         targets = [ours.bundle.tgt_vocab.decode(target[:-1]) for target, _ in references]
-        scores = engine.score_batch(source_tokens[:50], targets)
+        scores = translator.score_batch(source_tokens[:50], targets)
         diffs = [float(np.abs(mine - np.array(theirs.log_probs)).max())
                  for (_, mine), theirs in zip(references, scores)]
         start = time.perf_counter()
-        results = engine.translate_batch(source_tokens, beam_size=args.beam, length_penalty=args.lenpen,
+        results = translator.translate_batch(source_tokens, beam_size=args.beam, length_penalty=args.lenpen,
                                              max_batch_size=args.max_tokens, batch_type="tokens",
                                              use_vmap=shortlist is not None,
                                              max_decoding_length=min(256, ours.bundle.model.config.max_positions - 1))

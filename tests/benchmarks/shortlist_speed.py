@@ -137,7 +137,7 @@ def main() -> None:
                 runs.append((f"{method} first {args.first} best {best}", path, shortlist,
                              {"learn_s": round(learned, 1)}))
         for name, path, shortlist, learning in runs:
-            columns = len(shortlist.columns(plain.source_ids(line) for line in lines[:64]))
+            columns = len(shortlist.columns(plain.engine.source_ids(line) for line in lines[:64]))
             for batch_size in args.batch_size:
                 results.append({**base, "run": name, "batch_size": batch_size or None, **learning,
                                 "columns_of_64_lines": columns,

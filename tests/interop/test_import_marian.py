@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import EN_MG, SHARED_DATA, cli, head
+from conftest import EN_MG, cli, multi30k_lines
 
 from nmt_cli.decode.translator import Translator
 from nmt_cli.errors import NmtError
@@ -69,13 +69,6 @@ def marian_release(directory, norm="post", activation="swish", output="tied", se
     return directory
 
 
-def english(n):
-    path = SHARED_DATA / "multi30k" / "val.en"
-    if not path.is_file():
-        pytest.skip(f"Multi30k not found at {path}")
-    return head(path, n)
-
-
 @pytest.mark.parametrize("norm, activation, output", [("post", "swish", "tied"), ("pre", "gelu", "untied"),
                                                       ("post", "relu", "untied")])
 @pytest.mark.slow
@@ -91,7 +84,7 @@ def test_greedy_translations_are_ctranslate2s(tmp_path, norm, activation, output
     pipeline = translator.engine.pipeline
     assert pipeline.src_vocab.tokens[4:] == [t for t in load_vocab(directory / "vocab.yml") if t not in
                                              ("</s>", "<unk>")]  # both read the vocabulary alike
-    lines = english(200)
+    lines = multi30k_lines(200, split="val")
     sources = [pipeline.src_vocab.decode(pipeline.source_ids(line, k)) for k, line in enumerate(lines)]
     results = ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(sources, beam_size=1,
                                                                            max_decoding_length=12)

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import SHARED_DATA, cli, head, opus_mt_release, request, serving, synthetic_pairs, write_lines
+from conftest import cli, multi30k_lines, opus_mt_release, request, serving, synthetic_pairs, write_lines
 
 from nmt_cli.decode.translator import Translator
 from nmt_cli.errors import NmtError
@@ -19,7 +19,6 @@ from nmt_cli.text.vocab import BOS_ID, EOS_ID
 
 transformers = pytest.importorskip("transformers")
 
-MULTI30K = SHARED_DATA / "multi30k"
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +54,15 @@ def marian_ids(tokenizer, vocab, ids):
     return [tokens["<pad>"] if i == BOS_ID else tokens[vocab.tokens[i]] for i in ids]
 
 
-def english(n):
-    if not (MULTI30K / "train.en").is_file():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
-    return head(MULTI30K / "train.en", n)
-
-
 @pytest.mark.slow
 def test_token_ids_are_marian_tokenizers(any_release):
     tmp, _, tokenizer, translator = any_release
-    lines = english(1000) + [">>fra<< A tagged line.", "  spaced   out  ", ">>x<<", "Ünïcödé — “quotes” 3½"]
+    lines = multi30k_lines(1000) + [">>fra<< A tagged line.", "  spaced   out  ", ">>x<<", "Ünïcödé — “quotes” 3½"]
     pipeline = translator.engine.pipeline
     ours = [marian_ids(tokenizer, pipeline.src_vocab, pipeline.source_ids(line, k) + [EOS_ID])
             for k, line in enumerate(lines)]
     assert ours == tokenizer(lines)["input_ids"]
-    german = head(MULTI30K / "train.de", 200)
+    german = multi30k_lines(200, "de")
     targets = [marian_ids(tokenizer, pipeline.tgt_vocab, pipeline.target_ids(line, k, "reference") + [EOS_ID])
                for k, line in enumerate(german)]
     assert targets == tokenizer(text_target=german)["input_ids"]
@@ -78,7 +71,7 @@ def test_token_ids_are_marian_tokenizers(any_release):
 @pytest.mark.slow
 def test_logits_are_marian_mt_models(any_release):
     tmp, model, tokenizer, translator = any_release
-    lines, german = english(16), head(MULTI30K / "train.de", 16)
+    lines, german = multi30k_lines(16), multi30k_lines(16, "de")
     batch = tokenizer(lines, text_target=german, return_tensors="pt", padding=True)
     start = torch.full((16, 1), model.config.decoder_start_token_id)
     labels = batch["labels"].masked_fill(batch["labels"] == -100, tokenizer.pad_token_id)
@@ -107,7 +100,7 @@ def test_logits_are_marian_mt_models(any_release):
 @pytest.mark.slow
 def test_greedy_translations_are_generates_on_every_line(any_release):
     tmp, model, tokenizer, translator = any_release
-    lines = head(MULTI30K / "val.en", 1000) if (MULTI30K / "val.en").is_file() else english(1000)
+    lines = multi30k_lines(300, split="val")
     length = 24  # generate's max_length: the start, 22 tokens and the forced </s>
     theirs = []
     for start in range(0, len(lines), 100):
@@ -139,7 +132,7 @@ def test_the_released_settings_are_the_checkpoints_search(released):
 @pytest.mark.slow
 def test_scores_are_marian_mt_models(any_release, tmp_path):
     tmp, model, tokenizer, translator = any_release
-    lines, german = english(8), head(MULTI30K / "train.de", 8)
+    lines, german = multi30k_lines(8), multi30k_lines(8, "de")
     scored = translator.score(lines, german)
     batch = tokenizer(lines, text_target=german, return_tensors="pt", padding=True)
     with torch.no_grad():
@@ -255,7 +248,7 @@ def test_a_trained_model_exported_and_imported_translates_as_it_did(exported, tm
 @pytest.mark.slow
 def test_everything_runs_on_an_imported_model(released, tmp_path):
     tmp, model, tokenizer, translator = released
-    lines = english(20)
+    lines = multi30k_lines(20)
     source = write_lines(tmp_path / "in.en", lines)
     result = cli("translate", "-m", tmp / "imported.pt", "-i", source, "--beam", 1, "--max-len-b", 12)
     assert result.exit_code == 0, result.output
@@ -281,11 +274,11 @@ def test_nmt_serve_answers_with_the_releases_settings(released, tmp_path):
     tmp, _, _, translator = released
     _, url, process = serving(tmp_path, "--max-output-tokens", 12, model=tmp / "imported.pt")
     try:
-        status, answer = request(url + "/translate", {"text": english(3)})
+        status, answer = request(url + "/translate", {"text": multi30k_lines(3)})
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
-    assert status == 200 and answer["translations"] == translator.translate(english(3), max_len_b=12)
+    assert status == 200 and answer["translations"] == translator.translate(multi30k_lines(3), max_len_b=12)
 
 
 @pytest.mark.slow
@@ -293,7 +286,7 @@ def test_ctranslate2_greedy_is_ours(released, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     tmp, _, _, translator = released
     assert cli("export", "-m", tmp / "imported.pt", "--format", "ctranslate2", "-o", tmp_path / "ct2").exit_code == 0
-    lines = english(100)
+    lines = multi30k_lines(100)
     pipeline = translator.engine.pipeline
     sources = [pipeline.src_vocab.decode(pipeline.source_ids(line, k)) for k, line in enumerate(lines)]
     results = ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(sources, beam_size=1,
@@ -328,7 +321,7 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_and_resumes_exactly(relea
     raw.mkdir()
     for split, start, n in (("train", 0, 300), ("valid", 1000, 50)):
         for lang in ("en", "de"):
-            write_lines(raw / f"{split}.{lang}", head(MULTI30K / f"train.{lang}", start + n)[start:])
+            write_lines(raw / f"{split}.{lang}", multi30k_lines(start + n, lang)[start:])
     result = cli("preprocess", "-s", "en", "-t", "de", "--trainpref", raw / "train", "--validpref", raw / "valid",
                  "--destdir", tmp_path / "data", "--from-model", tmp / "imported.pt", "--quiet", "--workers", 1,
                  "--max-len-ratio", 4)  # German in Malagasy pieces is long
