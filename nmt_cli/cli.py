@@ -13,7 +13,6 @@ import click
 from nmt_cli.command import Group
 from nmt_cli.config import FROM_DATA_DECIDES, PreprocessConfig, SearchConfig, TextConfig, TrainConfig
 from nmt_cli.corpus.report import print_summary, print_table
-from nmt_cli.errors import NmtError
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
 from nmt_cli.interop.card import CardConfig
 from nmt_cli.model.architecture import ModelConfig
@@ -330,10 +329,8 @@ def serve(models: tuple[str, ...], **options: Any) -> None:
     """Serve translations over HTTP (the serve extra).
 
     nmt-cli's API and LibreTranslate's, a page at /; requests that arrive together share a search."""
-    try:
-        from nmt_cli.serve.app import serve as run_server
-    except ImportError as e:
-        raise NmtError(f"nmt serve needs its extra ({e.name} is missing): pip install 'nmt-cli[serve]'") from None
+    from nmt_cli.serve.app import serve as run_server
+
     run_server(list(models), build(ServeConfig, **options))
 
 

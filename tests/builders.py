@@ -88,10 +88,10 @@ LEARNER = TRAIN_TINY.replace(encoder_layers=2, decoder_layers=2, d_model=64, d_f
 LEARNER_RECIPE = {"lr_schedule": "inverse-sqrt", "lr": 3e-3, "warmup": 50, "max_tokens": 400}
 
 
-def run_training(data, save_dir, model=TRAIN_TINY, **overrides):
+def run_training(data, save_dir, model=TRAIN_TINY, init_from=None, **overrides):
     config = TrainConfig(**{"max_tokens": 200, "warmup": 20, "lr_scale": 2.0, "log_interval": 10, "device": "cpu",
                             "threads": 1, "save_interval_minutes": 1000.0, **overrides})
-    return TrainingRun(data, save_dir, model, config, progress_bar=False)
+    return TrainingRun(data, save_dir, model, config, init_from=init_from, progress_bar=False)
 
 
 # ---------------------------------------------------------------------------- translation

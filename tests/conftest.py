@@ -48,6 +48,17 @@ def cpu_unless_marked_gpu():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def threads_shared_with_the_other_workers():
+    """Side by side (pytest-xdist), each worker's PyTorch takes its share of the cores, not all of
+    them: threads that outnumber the cores run everything slower."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True)
 def gpu_when_marked(request, monkeypatch):
     """A test marked `gpu` sees the GPU (see cpu_unless_marked_gpu)."""

@@ -49,13 +49,12 @@ def test_decode_speed(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
     (result,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1,
-                    "--profile", tmp_path / "profile.txt", "--steps-between-reads", 3)
-    assert result["steps_between_reads"] == 3
+                    "--profile", tmp_path / "profile.txt", "--steps-between-reads", 3, "--quantize", "int8",
+                    "--shortlist", saved_whole_shortlist(model, tmp_path / "whole.txt"))
+    assert result["steps_between_reads"] == 3 and result["quantize"] == "int8"
+    assert result["shortlist"] == str(tmp_path / "whole.txt")
     assert result["sentences"] == 3 and result["target_tokens_per_s"] > 0 and 0 <= result["bleu"] <= 100
     assert result["device_busy"] is None and "aten::" in (tmp_path / "profile.txt").read_text()
-    (listed,) = run("decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1, "--quantize", "int8",
-                    "--shortlist", saved_whole_shortlist(model, tmp_path / "whole.txt"))
-    assert listed["shortlist"] == str(tmp_path / "whole.txt") and 0 <= listed["bleu"] <= 100
 
 
 @pytest.mark.slow
@@ -190,23 +189,19 @@ def test_translate_startup(tmp_path):
 
 
 @pytest.mark.slow
-def test_host_overhead_runs_an_update_on_the_meta_device():
-    (result,) = run("host_overhead.py", "--arch", "small", "--vocab", 200, "--max-tokens", 300, "--updates", 2,
-                    "--clip-norm", 1.0)
-    assert result["host_ms_per_update"] > 0 and result["operators_per_update"] > 100
-    assert 0 < sum(result["top_operators"].values()) < result["operators_per_update"]
-    outside = result["outside_by_name"]  # the optimizer and clipping stay outside what --compile compiles
-    assert 0 < sum(outside.values()) == result["operators_outside_compiled"] < result["operators_per_update"] / 10
+def test_host_overhead_runs_an_update_and_search_steps_on_the_meta_device():
+    """An update's operators on meta, and a search step's, eager and with --cuda-graphs: the graphs
+    leave only the search's bookkeeping to the host (no decoder layer), and the host reads every
+    8th step."""
+    update, eager, graphs = run("host_overhead.py", "--arch", "small", "--vocab", 200, "--max-tokens", 300,
+                                "--updates", 2, "--clip-norm", 1.0, "--search-arch", "small", "--sentences", 2,
+                                "--source-length", 5, "--repeats", 1)
+    assert update["host_ms_per_update"] > 0 and update["operators_per_update"] > 100
+    assert 0 < sum(update["top_operators"].values()) < update["operators_per_update"]
+    outside = update["outside_by_name"]  # the optimizer and clipping stay outside what --compile compiles
+    assert 0 < sum(outside.values()) == update["operators_outside_compiled"] < update["operators_per_update"] / 10
     assert "aten._fused_adam_" in outside and "aten._foreach_norm" in outside
     assert not {"aten.mm", "aten.addmm", "aten.logsumexp"} & outside.keys()  # the model and its loss inside
-
-
-@pytest.mark.slow
-def test_host_overhead_runs_search_steps_on_the_meta_device():
-    """A search step's operators on meta, eager and with --cuda-graphs: the graphs leave only the
-    search's bookkeeping to the host (no decoder layer), and the host reads every 8th step."""
-    eager, graphs = run("host_overhead.py", "--arch", "--search-arch", "small", "--vocab", 200, "--sentences", 2,
-                        "--source-length", 5, "--repeats", 1)
     assert not eager["cuda_graphs"] and graphs["cuda_graphs"]
     assert eager["reads_per_step"] == graphs["reads_per_step"] == 0.125
     assert 0 < graphs["operators_per_step"] < eager["operators_per_step"] / 2

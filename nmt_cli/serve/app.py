@@ -31,8 +31,6 @@ import sys
 import threading
 from typing import Any
 
-import uvicorn
-
 from nmt_cli.decode.engine import Engine, model_search
 from nmt_cli.device import select, tune
 from nmt_cli.errors import NmtError
@@ -40,10 +38,7 @@ from nmt_cli.files import reason
 from nmt_cli.run_config import RunConfig, ServeConfig
 from nmt_cli.serve.access import Keys
 from nmt_cli.serve.batcher import IDLE_WAIT_SECONDS, Batcher
-from nmt_cli.serve.connections import connection_cap, guarded_http, log_loop_error, log_once
-from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.pairs import load_pairs, load_shortlists
-from nmt_cli.serve.routes import Service, create_app
 
 
 def log_requests() -> None:
@@ -69,6 +64,16 @@ def check_address(host: str, port: int) -> None:
 
 def serve(models: list[str], config: ServeConfig) -> None:
     """Run the server until SIGTERM or Ctrl-C; requests in flight get --drain-seconds to finish."""
+    try:
+        import fastapi_offline  # noqa: F401 (the routes'; checked here, before anything starts)
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise NmtError(f"nmt serve needs its extra ({e.name} is missing): pip install 'nmt-cli[serve]'") from None
+    from nmt_cli.serve.connections import connection_cap, guarded_http, log_loop_error, log_once
+    from nmt_cli.serve.metrics import Metrics
+    from nmt_cli.serve.routes import Service, create_app
+
     check_address(config.host, config.port)
     device, dtype = select(config.device, config.precision)
     tune(device, config.threads)

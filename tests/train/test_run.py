@@ -181,6 +181,19 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert all(torch.equal(opt_a[k]["exp_avg_sq"], opt_b[k]["exp_avg_sq"]) for k in opt_a)
 
 
+def test_a_fine_tuning_run_resumes_from_its_own_checkpoint_not_from_init_from(tmp_path):
+    """Run again with the same --init-from, a fine-tuning run resumes exactly where it stopped."""
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "base", max_updates=3).run()
+    init = tmp_path / "base/checkpoint_last.pt"
+    run_training(data, tmp_path / "straight", init_from=init, max_updates=8).run()
+    for stop in (3, 8):
+        run_training(data, tmp_path / "resumed", init_from=init, max_updates=stop).run()
+    a, b = params(tmp_path / "straight"), params(tmp_path / "resumed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["tgt_embed.tokens.weight"], params(tmp_path / "base")["tgt_embed.tokens.weight"])
+
+
 def test_ema_resumes_exactly_and_is_what_validation_measures(tmp_path):
     data = synthetic_data_dir(tmp_path)
     options = {"ema_decay": 0.9, "validate_interval_updates": 10}
