@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,10 +16,8 @@ from nmt_cli.flags import build, build_model_config, config_options, fields_of, 
 from nmt_cli.interop.card import CardConfig
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.options import flag_name
-from nmt_cli.run_config import RunConfig, ServeConfig, TranslateConfig
+from nmt_cli.run_config import ExportConfig, RunConfig, ServeConfig, TranslateConfig
 from nmt_cli.version import __version__
-
-QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")  # CT2's
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -270,54 +267,45 @@ def import_model(source: Path, output: Path) -> None:
 @main.command()
 @click.option("-m", "--model", required=True, type=click.Path(exists=True, path_type=Path),
               help="Checkpoint to export.")
-@click.option("--format", "fmt", type=click.Choice(["ctranslate2", "transformers", "safetensors"]), required=True,
-              help="ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a Hugging Face "
-                   "MarianMTModel directory with its tokenizer and a model card (needs transformers; "
-                   "SentencePiece models); safetensors: one file.")
+@config_options(ExportConfig)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="Directory (ctranslate2, transformers) or .safetensors file.")
-@click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="float32", show_default=True,
-              help="ctranslate2: store the weights in this type.")
-@click.option("--shortlist", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map (use_vmap=True).")
 @config_options(CardConfig)
 @click.option("--eval", "evaluations", nargs=2, multiple=True, metavar="SRC REF",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="transformers: translate SRC and score it against REF (sacreBLEU's BLEU and chrF) for the model "
                    "card (repeatable).")
-def export(model: Path, fmt: str, output: Path, quantization: str | None, shortlist: Path | None,
-           evaluations: tuple[tuple[Path, Path], ...], **card: Any) -> None:
+def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...], **options: Any) -> None:
     """Export to CTranslate2, transformers or safetensors.
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
     from nmt_cli.files import destination
     from nmt_cli.model.checkpoint import load, load_bundle, save_safetensors
 
+    config = build(ExportConfig, **fields_of(ExportConfig, options))
+    card = fields_of(CardConfig, options)
+    if config.format != "transformers" and (given := sorted(given_flags() & {"evaluations", *card})):
+        flag = "--eval" if given[0] == "evaluations" else flag_name(CardConfig.__dataclass_fields__[given[0]])
+        raise click.UsageError(f"{flag} applies only to --format transformers")
     output = destination(output, "export")
-    flags = {"quantization": ("--quantization", "ctranslate2"), "shortlist": ("--shortlist", "ctranslate2"),
-             "evaluations": ("--eval", "transformers"),
-             **{f.name: (flag_name(f), "transformers") for f in dataclasses.fields(CardConfig)}}
-    for name in sorted(given_flags() & flags.keys()):
-        flag, only = flags[name]
-        if fmt != only:
-            raise click.UsageError(f"{flag} applies only to --format {only}")
-    if fmt == "safetensors":
+    if config.format == "safetensors":
         if output.suffix != ".safetensors":
             raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
         save_safetensors(load(model), output)
-    elif fmt == "transformers":
+    elif config.format == "transformers":
         from nmt_cli.interop.card import evaluate
         from nmt_cli.interop.export_transformers import save_transformers
 
-        card_config = build(CardConfig, **card)
-        save_transformers(load(model), model, output, card_config, [evaluate(model, *pair) for pair in evaluations])
+        save_transformers(load(model), model, output, build(CardConfig, **card),
+                          [evaluate(model, *pair) for pair in evaluations])
     else:
         from nmt_cli.decode.shortlist import Shortlist
         from nmt_cli.interop.export_ctranslate2 import save_ctranslate2
 
         bundle = load_bundle(model)
-        save_ctranslate2(bundle, output, quantization, shortlist and Shortlist.load(shortlist, bundle))
-    click.echo(f"exported {model} to {output} ({fmt})", err=True)
+        save_ctranslate2(bundle, output, config.quantization,
+                         config.shortlist and Shortlist.load(config.shortlist, bundle))
+    click.echo(f"exported {model} to {output} ({config.format})", err=True)
 
 
 @main.command()

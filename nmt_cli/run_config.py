@@ -1,11 +1,11 @@
 """How a trained model runs, as frozen dataclasses like config.py's: `RunConfig`, what a
 Translator runs with (the search, batching, the text's forms, hardware: `nmt translate`, `nmt
 serve` and the Python API alike); `TranslateConfig`, `nmt translate`'s (a RunConfig, and what its
-input and output lines hold); `ServeConfig`, `nmt serve`'s."""
+input and output lines hold); `ServeConfig`, `nmt serve`'s; `ExportConfig`, `nmt export`'s."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from nmt_cli.config import BEAM_MAX, EXISTING_FILE, SEARCHING, SearchConfig, device_knob, precision_knob, threads_knob
@@ -118,3 +118,22 @@ class ServeConfig(Options):
     device: str = device_knob()
     precision: str = precision_knob()
     threads: int | None = threads_knob()
+
+
+EXPORT_FORMATS = ("ctranslate2", "transformers", "safetensors")
+CT2_QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")
+_CTRANSLATE2 = (lambda c: c.format == "ctranslate2", "to --format ctranslate2")
+
+
+@dataclass(frozen=True)
+class ExportConfig(Options):
+    """`nmt export`'s format, and the options only CTranslate2's takes (the model card's, only
+    transformers', are interop/card.py's CardConfig)."""
+
+    format: str = knob(MISSING, "ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a "
+                       "Hugging Face MarianMTModel directory with its tokenizer and a model card (needs transformers; "
+                       "SentencePiece models); safetensors: one file.", choices=EXPORT_FORMATS)
+    quantization: str = knob("float32", "ctranslate2: store the weights in this type.", choices=CT2_QUANTIZATIONS,
+                             only_if=_CTRANSLATE2)
+    shortlist: Path | None = knob(None, "ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map "
+                                  "(use_vmap=True).", path=EXISTING_FILE, only_if=_CTRANSLATE2)

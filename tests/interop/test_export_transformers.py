@@ -234,6 +234,9 @@ def test_an_export_replaces_only_an_earlier_export(exported, tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     result = run("export", "-m", model, "--format", "transformers", "-o", tmp_path / "x", "--quantization", "int8")
     assert result.exit_code == 2 and "--quantization applies only to --format ctranslate2" in result.output
+    for card in (["--license", "mit"], ["--eval", model, model]):
+        result = run("export", "-m", model, "--format", "safetensors", "-o", tmp_path / "x.safetensors", *card)
+        assert result.exit_code == 2 and f"{card[0]} applies only to --format transformers" in result.output
 
 
 def test_without_transformers_the_export_says_how_to_install_it(tmp_path, monkeypatch):
