@@ -23,7 +23,9 @@ for split in train val test_2016_flickr; do
     if [ -n "$from" ]; then
       cp "$from/$file" "$dest/$file.part"
     else
-      curl -fsSL "$url/$file.gz" | gunzip -c > "$dest/$file.part"
+      curl -fsSL "$url/$file.gz" -o "$dest/$file.gz" || { rm -f "$dest/$file.gz"
+        echo "get_multi30k.sh: cannot download $url/$file.gz (offline? with the files at hand: --from DIR)" >&2; exit 1; }
+      gunzip -c "$dest/$file.gz" > "$dest/$file.part" && rm "$dest/$file.gz"
     fi
     mv "$dest/$file.part" "$dest/$file"
   done
