@@ -172,7 +172,8 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
     from nmt_cli.files import destination
 
     paths = list(checkpoints) if checkpoints else last_checkpoints(save_dir, last)
-    save(average(paths), destination(output, "checkpoint"))
+    out = destination(output, "checkpoint", inputs=paths)
+    save(average(paths), out)
     click.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}", err=True)
 
 
@@ -238,7 +239,8 @@ def shortlist(data_dir: Path, output: Path, first: int, best: int) -> None:
 
     if first == best == 0:
         raise click.UsageError("--first 0 --best 0 would shortlist no token; give either")
-    make(data_dir, first, best).save(destination(output, "shortlist"))
+    out = destination(output, "shortlist", inputs=[data_dir])
+    make(data_dir, first, best).save(out)
     click.echo(f"shortlist of {data_dir} to {output}: the {first} most frequent target tokens and {best} per "
                f"source token", err=True)
 
@@ -257,7 +259,7 @@ def import_model(source: Path, output: Path) -> None:
     from nmt_cli.interop.importer import import_model
     from nmt_cli.model.checkpoint import bundle_of
 
-    checkpoint = import_model(source, destination(output, "checkpoint"),
+    checkpoint = import_model(source, destination(output, "checkpoint", inputs=[source]),
                               warn=lambda message: click.echo(message, err=True))
     about = bundle_of(checkpoint, output).summary()  # the weights written, not read back
     click.echo(f"imported {source} into {output}: {about['parameters']:,} parameters, {about['layers']} layers, "
@@ -287,7 +289,7 @@ def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...]
     if config.format != "transformers" and (given := sorted(given_flags() & {"evaluations", *card})):
         flag = "--eval" if given[0] == "evaluations" else flag_name(CardConfig.__dataclass_fields__[given[0]])
         raise click.UsageError(f"{flag} applies only to --format transformers")
-    output = destination(output, "export")
+    output = destination(output, "export", inputs=[model, *filter(None, [config.shortlist]), *sum(evaluations, ())])
     if config.format == "safetensors":
         if output.suffix != ".safetensors":
             raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")

@@ -23,7 +23,7 @@ import shutil
 import signal
 import socket
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -69,12 +69,18 @@ KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (st
          (stat.S_ISSOCK, "socket"))
 
 
-def destination(path: Path, what: str, stream: str = "") -> Path:
+def destination(path: Path, what: str, stream: str = "", inputs: Iterable[Path] = ()) -> Path:
     """Where a command writes the `what` its user named `path`: through a symbolic link, the file
-    or directory it points to (written atomically there, the link kept). Refused in one line: a
-    device, FIFO or socket (a rename would replace it; `stream` says how to write into it instead),
-    and a file with other hard links (a rename would part it from them)."""
+    or directory it points to (written atomically there, the link kept). Refused in one line,
+    before the command reads anything: one of its `inputs` (the file, inside the directory, or
+    inside the directory the output replaces, through links too), a device, FIFO or socket (a
+    rename would replace it; `stream` says how to write into it instead), and a file with other
+    hard links (a rename would part it from them)."""
     path = Path(path)
+    for given in inputs:
+        if (relation := overlap(path, Path(given))) is not None:
+            raise NmtError(f"{path}: {relation} the input {given}: writing the {what} there would destroy it; choose "
+                           "another path")
     real = Path(os.path.realpath(path)) if path.is_symlink() else path
     try:
         info = real.stat()
@@ -88,6 +94,19 @@ def destination(path: Path, what: str, stream: str = "") -> Path:
         raise NmtError(f"{path}: a file with {info.st_nlink - 1} other hard link(s); writing the {what} in its place "
                        "would part it from them: remove it first, or choose another path")
     return real
+
+
+def overlap(output: Path, given: Path) -> str | None:
+    """How writing `output` would reach the input `given` (None: it would not): as the input
+    itself, inside the input's directory, or replacing a directory that holds it."""
+    out, source = Path(os.path.realpath(output)), Path(os.path.realpath(given))
+    if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
+        return "is"
+    if out.is_relative_to(source):
+        return "is inside"
+    if source.is_relative_to(out):
+        return "holds"
+    return None
 
 
 def write_text(path: Path, text: str) -> None:

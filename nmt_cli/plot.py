@@ -16,6 +16,7 @@ import torch
 from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, replacing, temporary
 
+LOG = "train_log.jsonl"  # a save directory's log, as nmt train writes it (train/runlog.py)
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "encoder-decoder attention"}
 
@@ -91,7 +92,7 @@ def _grid(n: int) -> tuple[int, int]:
 
 
 def read_log(save_dir: Path) -> list[dict[str, Any]]:
-    path = Path(save_dir) / "train_log.jsonl"
+    path = Path(save_dir) / LOG
     if not path.exists():
         raise NmtError(f"{path}: not found; is {save_dir} a save directory of `nmt train`?")
     records = []
@@ -106,6 +107,7 @@ def read_log(save_dir: Path) -> list[dict[str, Any]]:
 def training_curves(save_dirs: Sequence[Path], output: Path) -> Path:
     """Loss and perplexity (and validation BLEU when logged) against updates and wall time,
     one line per run and split, read from each save directory's train_log.jsonl."""
+    out = destination(output, "plot", inputs=[Path(d) / LOG for d in save_dirs])
     plt = pyplot()
     runs = [(Path(d).name or str(d), read_log(d)) for d in save_dirs]
     has_bleu = any("bleu" in r for _, records in runs for r in records)
@@ -129,7 +131,7 @@ def training_curves(save_dirs: Sequence[Path], output: Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    save_figure(fig, destination(output, "plot"))
+    save_figure(fig, out)
     return output
 
 

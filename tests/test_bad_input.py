@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import tiny_checkpoint, write_lines
+from conftest import EN_MG, tiny_checkpoint, write_lines
 
 from nmt_cli.cli import main
 from nmt_cli.model import checkpoint as ckpt
@@ -353,3 +353,49 @@ def test_an_output_path_is_never_replaced_by_something_else(tmp_path, command):
     result = CliRunner().invoke(main, [*args, str(hard)])
     assert result.exit_code == 1 and "a file with 1 other hard link(s)" in result.output, result.output
     assert os.path.samefile(target, hard)
+
+
+def own_inputs(tmp: Path) -> dict[str, list[str]]:
+    """Each writing command, with -o (or its output) one of the inputs it reads: a file read, a file
+    inside a directory it reads, a directory that holds what it reads, a link to an input."""
+    from conftest import opus_mt_release, synthetic_data_dir
+
+    model = str(tiny_checkpoint(tmp / "m.pt"))
+    source = str(write_lines(tmp / "in.txt", ["a b", "c"]))
+    data = synthetic_data_dir(tmp, n_train=20, n_valid=4)
+    (tmp / "link.txt").symlink_to("in.txt")
+    (tmp / "ck").mkdir()
+    (tmp / "ck/train_log.jsonl").write_text('{"kind": "train", "update": 1, "loss": 1.0, "ppl": 2.0}\n')
+    cases = {
+        "translate over its input": ["translate", "-m", model, "-i", source, "-o", source],
+        "translate over its model": ["translate", "-m", model, "-i", source, "-o", model],
+        "translate through a link": ["translate", "-m", model, "-i", source, "-o", str(tmp / "link.txt")],
+        "average over an input": ["average-checkpoints", "--inputs", model, model, "-o", model],
+        "shortlist into its data": ["shortlist", str(data), "-o", str(data / "train.tgt.bin")],
+        "export over the model's directory": ["export", "-m", model, "--format", "ctranslate2", "-o", str(tmp)],
+        "plot over the log": ["plot", "curves", str(tmp / "ck"), "-o", str(tmp / "ck/train_log.jsonl")],
+    }
+    if (EN_MG / "config.json").is_file():
+        opus_mt_release(tmp / "release")
+        cases["import into the release"] = ["import", str(tmp / "release"), "-o", str(tmp / "release/config.json")]
+    return cases
+
+
+OWN_INPUTS = ["translate over its input", "translate over its model", "translate through a link",
+              "average over an input", "shortlist into its data", "export over the model's directory",
+              "plot over the log", "import into the release"]
+
+
+@pytest.mark.parametrize("name", OWN_INPUTS)
+def test_an_output_that_is_one_of_the_commands_inputs_is_refused_before_anything_is_read(tmp_path, name):
+    """nmt import SRC -o SRC/config.json, nmt translate -i a -o a, ...: one line naming the input,
+    and every file as it was."""
+    cases = own_inputs(tmp_path)
+    if name not in cases:
+        pytest.skip(f"opus-mt-en-mg not found at {EN_MG} (set NMT_SHARED_DATA)")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    result = CliRunner().invoke(main, cases[name])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "the input" in result.output and "would destroy it; choose another path" in result.output
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert after == before

@@ -75,3 +75,18 @@ def test_a_kill_at_any_step_of_writing_a_directory_leaves_nothing_the_next_run_k
     monkeypatch.setattr(files, "_alive", lambda pid: False)
     files.remove_stale_temporaries(tmp_path)
     assert not list(tmp_path.glob(".out.nmt-tmp-*"))
+
+
+def test_an_output_overlaps_an_input_as_itself_inside_it_or_holding_it(tmp_path):
+    (tmp_path / "data").mkdir()
+    source = tmp_path / "data/train.bin"
+    source.write_bytes(b"ids")
+    (tmp_path / "link").symlink_to(source)
+    assert files.overlap(source, source) == files.overlap(tmp_path / "link", source) == "is"
+    assert files.overlap(tmp_path / "data/new.txt", tmp_path / "data") == "is inside"
+    assert files.overlap(tmp_path / "data", source) == "holds"
+    assert files.overlap(tmp_path / "other.bin", source) is None
+    assert files.overlap(tmp_path / "data/new.txt", source) is None  # beside an input file: no harm
+    with pytest.raises(NmtError, match=r"^.*link: is the input .*train.bin: writing the shortlist there would destroy"):
+        files.destination(tmp_path / "link", "shortlist", inputs=[source])
+    assert source.read_bytes() == b"ids"

@@ -120,7 +120,8 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
     complete. Search options not `given` are the model's own (`engine.model_search`); with a
     `shortlist` file, each batch's output layer is cut to it."""
     if output_path is not None:
-        output_path = destination(output_path, "translation", "to stream it there, leave out -o: > PATH")
+        inputs = [*checkpoints, *filter(None, [input_path, shortlist])]
+        output_path = destination(output_path, "translation", "to stream it there, leave out -o: > PATH", inputs)
         if not output_path.parent.is_dir():
             raise NmtError(f"{output_path}: cannot write the translation (no such directory: {output_path.parent})")
     bundles = [load_bundle(path) for path in checkpoints]

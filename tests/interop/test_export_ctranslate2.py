@@ -220,10 +220,10 @@ def test_a_safetensors_export_to_a_full_disk_says_one_line_and_leaves_nothing(tm
 @NEEDS_CTRANSLATE2
 def test_an_export_over_the_current_directory_is_refused(tmp_path, monkeypatch):
     model = tiny_checkpoint(tmp_path / "m.pt")
-    empty = tmp_path / "here"
-    empty.mkdir()
+    empty = tmp_path / "above/here"
+    empty.mkdir(parents=True)
     monkeypatch.chdir(empty)
-    for out in (".", str(tmp_path)):
+    for out in (".", str(tmp_path / "above")):
         result = run("export", "-m", model, "--format", "ctranslate2", "-o", out)
         assert result.exit_code == 1 and "is the current directory or holds it; choose a new --output" in \
             result.output and "Traceback" not in result.output
