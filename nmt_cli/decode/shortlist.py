@@ -95,6 +95,8 @@ class Shortlist:
             digests = str(head["source_vocabulary"]), str(head["target_vocabulary"])
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise NmtError(f"{path}:2: a damaged shortlist header ({type(e).__name__}: {e})") from None
+        if frequent.ndim != 1 or ((frequent < 0) | (frequent >= target_size)).any():
+            raise NmtError(f"{path}:2: a frequent token's id outside the target vocabulary (0 to {target_size - 1})")
         rows = lines[2:2 + size]
         if len(rows) < size or lines[2 + size:] != [""]:
             raise NmtError(f"{path}:{len(lines)}: {len(lines) - 3} source tokens, the header says {size} "

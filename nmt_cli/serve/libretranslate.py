@@ -65,7 +65,7 @@ def parse_libretranslate(body: dict[str, Any], config: ServeConfig) -> LibreRequ
     if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
         raise BadRequest(400, "q: a text or a list of texts")
     if body.get("format", "text") != "text":
-        raise BadRequest(400, f"format {body['format']!r}: only text is translated here, not html")
+        raise BadRequest(400, f"format {body['format']!r}: only text is translated here")
     for key in ("source", "target"):
         if not isinstance(body.get(key, ""), str):
             raise BadRequest(400, f"{key}: a language code, such as en")

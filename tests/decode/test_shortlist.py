@@ -64,7 +64,11 @@ def test_the_file_reads_back_and_a_damaged_one_is_one_line(trained, tmp_path):
                           ("hello\n", ":1: not a shortlist of `nmt shortlist`"),
                           (f"{lines[0]}\n{{broken\n", ":2: a damaged shortlist header"),
                           ("\n".join(lines[:2] + [str(head["target_size"])] + lines[3:]),
-                           ":3: more than 3 candidates, or an id outside the target vocabulary")]:
+                           ":3: more than 3 candidates, or an id outside the target vocabulary"),
+                          ("\n".join([lines[0], json.dumps({**head, "frequent": [head["target_size"]]}), *lines[2:]]),
+                           ":2: a frequent token's id outside the target vocabulary"),
+                          ("\n".join([lines[0], json.dumps({**head, "frequent": [[1]]}), *lines[2:]]),
+                           ":2: a frequent token's id outside the target vocabulary")]:
         (tmp_path / "bad.txt").write_text(text)
         with pytest.raises(NmtError, match=f"^{tmp_path / 'bad.txt'}{message}"):
             Shortlist.load(tmp_path / "bad.txt")
