@@ -5,6 +5,7 @@ named in --help; and the library's errors printed as one line."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -66,33 +67,93 @@ def option_keys(command: click.Command) -> dict[str, tuple[str, bool]]:
     return keys
 
 
+CONFIG_BYTES = 1 << 20  # a config file holds options, not data
+
+
 def read_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> None:
     """Make the options of the YAML file at `path` the command's defaults (ctx.default_map), so
-    that flags given on the command line override them; an unknown key is refused naming it."""
+    that flags given on the command line override them. Each value is taken as a flag's text
+    would be, by the option's own type; an unknown key, a value of the wrong kind, and a file
+    that is not a small regular file are refused in one line naming the file (and the line)."""
     if path is None:
         return
     import yaml
 
+    text = config_text(path)
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        values, lines = yaml.safe_load(text), key_lines(yaml.compose(text))
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f":{where.line + 1}" if where is not None else ""
         raise click.ClickException(f"{path}{line}: not a YAML file ({getattr(e, 'problem', None) or e})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise click.ClickException(f"{path}: unreadable ({e})") from None
+    except RecursionError:
+        raise click.ClickException(f"{path}: nested too deeply to be a file of options") from None
     values = {} if values is None else values  # an empty file
     if not isinstance(values, dict):
         raise click.ClickException(f"{path}: expected option: value lines (a YAML mapping), "
                                    f"got a {type(values).__name__}")
-    keys, defaults = option_keys(ctx.command), {}
+    keys, params, defaults = option_keys(ctx.command), {p.name: p for p in ctx.command.params}, {}
     for key, value in values.items():
+        where = f"{path}:{lines.get(str(key), '?')}"
         if str(key).replace("_", "-") not in keys:
-            raise click.ClickException(f"{path}: {key!r} is not an option of `nmt {ctx.info_name}` "
+            raise click.ClickException(f"{where}: {key!r} is not an option of `nmt {ctx.info_name}` "
                                        f"(see nmt {ctx.info_name} --help)")
         name, negated = keys[str(key).replace("_", "-")]
-        defaults[name] = (not value) if negated and isinstance(value, bool) else value
+        typed = config_value(ctx, params[name], value, f"{where}: {key}")
+        defaults[name] = (not typed) if negated else typed
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+def config_text(path: Path) -> str:
+    """The text of a config file: a regular file of at most CONFIG_BYTES (not a device that never
+    ends, nor data given by mistake), in UTF-8."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise click.ClickException(f"{path}: not a regular file (a config file of options is)")
+        if info.st_size > CONFIG_BYTES:
+            raise click.ClickException(f"{path}: {info.st_size:,} bytes; a config file of options is at most "
+                                       f"{CONFIG_BYTES:,}")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.ClickException(f"{path}: unreadable ({e})") from None
+
+
+def key_lines(node: Any) -> dict[str, int]:
+    """The line of each top-level key of a composed YAML document (1-based)."""
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
+
+
+def flag_text(value: Any, where: str) -> str:
+    """A scalar of a config file as a flag would carry it."""
+    if value is None:
+        raise click.ClickException(f"{where}: no value (null): give one, or leave the option out")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        raise click.ClickException(f"{where}: a {'mapping' if isinstance(value, dict) else 'list'}, where the option "
+                                   "takes one value")
+    return str(value)
+
+
+def config_value(ctx: click.Context, param: click.Parameter, value: Any, where: str) -> Any:
+    """`value`, from a config file, converted by `param`'s type exactly as its flag's text would be
+    (`beam: 4.7` is refused as `--beam 4.7` is, not cut to 4); a list where the option repeats."""
+    if param.multiple or param.nargs != 1:
+        if not isinstance(value, list):
+            raise click.ClickException(f"{where}: expected a list (the option takes several values)")
+        items = [[flag_text(v, where) for v in item] if param.multiple and param.nargs != 1 and
+                 isinstance(item, list) else flag_text(item, where) for item in value]
+    else:
+        items = flag_text(value, where)
+    try:
+        return param.type_cast_value(ctx, items)
+    except click.BadParameter as e:
+        raise click.ClickException(f"{where}: {e.message}") from None
 
 
 def dump_config(command: click.Command, params: dict[str, Any]) -> str:

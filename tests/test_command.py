@@ -50,8 +50,16 @@ def test_a_config_file_sets_options_and_the_command_line_overrides_it(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("max-tokens: 100\nbogus_option: 1\n", "{path}: 'bogus_option' is not an option of `nmt train` "
+    ("max-tokens: 100\nbogus_option: 1\n", "{path}:2: 'bogus_option' is not an option of `nmt train` "
                                            "(see nmt train --help)"),
+    # a value is taken as its flag's text would be: not cut, not made a number from true, not a traceback
+    ("max-tokens: 4.7\n", "{path}:1: max-tokens: '4.7' is not a valid integer."),
+    ("seed: 1\nmax-tokens: true\n", "{path}:2: max-tokens: 'true' is not a valid integer."),
+    ("max-tokens: [4, 5]\n", "{path}:1: max-tokens: a list, where the option takes one value"),
+    ("max-tokens: {a: 1}\n", "{path}:1: max-tokens: a mapping, where the option takes one value"),
+    ("seed: 2024-01-01\n", "{path}:1: seed: '2024-01-01' is not a valid integer."),
+    ("save-dir: null\n", "{path}:1: save-dir: no value (null): give one, or leave the option out"),
+    ("[" * 5000 + "]" * 5000 + "\n", "{path}: nested too deeply to be a file of options"),
     ("max-tokens: [1\n", "{path}:2: not a YAML file (expected ',' or ']', but got '<stream end>')"),
     ("- max-tokens\n", "{path}: expected option: value lines (a YAML mapping), got a list"),
 ])
@@ -90,6 +98,17 @@ def test_the_quickstart_recipe_is_a_config_file_of_nmt_train():
     values = yaml.safe_load(recipe.read_text())
     assert values["arch"] == "small" and values["lr-schedule"] == "linear"
     assert f"--config {recipe.relative_to(ROOT)}" in (ROOT / "data/quickstart.sh").read_text()
+
+
+def test_a_config_file_is_a_small_regular_file(tmp_path):
+    """Not a device that never ends (/dev/zero, directly or through a link), nor data given by mistake."""
+    (tmp_path / "zero.yaml").symlink_to("/dev/zero")
+    (tmp_path / "big.yaml").write_text("# " + "x" * (2 << 20) + "\n")
+    for path, message in (("/dev/zero", "/dev/zero: not a regular file"),
+                          (tmp_path / "zero.yaml", "not a regular file"),
+                          (tmp_path / "big.yaml", "bytes; a config file of options is at most 1,048,576")):
+        result = cli("translate", "--config", path)
+        assert result.exit_code == 1 and message in result.output and len(result.output.splitlines()) == 1
 
 
 def test_an_empty_config_file_sets_nothing_and_an_unreadable_one_is_one_line(tmp_path):
