@@ -79,15 +79,18 @@ def read_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> No
         return
     import yaml
 
-    text = config_text(path)
-    try:
-        values, lines = yaml.safe_load(text), key_lines(yaml.compose(text))
+    loader = yaml.SafeLoader(config_text(path))
+    try:  # safe_load's steps, keeping the document's nodes for their lines
+        node = loader.get_single_node()
+        values, lines = (None, {}) if node is None else (loader.construct_document(node), key_lines(node))
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f":{where.line + 1}" if where is not None else ""
         raise click.ClickException(f"{path}{line}: not a YAML file ({getattr(e, 'problem', None) or e})") from None
     except RecursionError:
         raise click.ClickException(f"{path}: nested too deeply to be a file of options") from None
+    finally:
+        loader.dispose()
     values = {} if values is None else values  # an empty file
     if not isinstance(values, dict):
         raise click.ClickException(f"{path}: expected option: value lines (a YAML mapping), "
@@ -142,10 +145,10 @@ def flag_text(value: Any, where: str) -> str:
 
 def config_value(ctx: click.Context, param: click.Parameter, value: Any, where: str) -> Any:
     """`value`, from a config file, converted by `param`'s type exactly as its flag's text would be
-    (`beam: 4.7` is refused as `--beam 4.7` is, not cut to 4); a list where the option repeats."""
+    (`beam: 4.7` is refused as `--beam 4.7` is, not cut to 4); where the option repeats, a list, or
+    one value as a list of one."""
     if param.multiple or param.nargs != 1:
-        if not isinstance(value, list):
-            raise click.ClickException(f"{where}: expected a list (the option takes several values)")
+        value = value if isinstance(value, list) else [value]
         items = [[flag_text(v, where) for v in item] if param.multiple and param.nargs != 1 and
                  isinstance(item, list) else flag_text(item, where) for item in value]
     else:

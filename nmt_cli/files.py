@@ -98,9 +98,10 @@ def destination(path: Path, what: str, stream: str = "", inputs: Iterable[Path] 
 
 def overlap(output: Path, given: Path) -> str | None:
     """How writing `output` would reach the input `given` (None: it would not): as the input
-    itself, inside the input's directory, or replacing a directory that holds it."""
+    itself, inside the input's directory, or replacing a directory that holds it, through links
+    too (a hard link to an input is refused as every hard-linked output is: `destination`)."""
     out, source = Path(os.path.realpath(output)), Path(os.path.realpath(given))
-    if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
+    if out == source:
         return "is"
     if out.is_relative_to(source):
         return "is inside"

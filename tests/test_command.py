@@ -100,6 +100,21 @@ def test_the_quickstart_recipe_is_a_config_file_of_nmt_train():
     assert f"--config {recipe.relative_to(ROOT)}" in (ROOT / "data/quickstart.sh").read_text()
 
 
+def test_an_option_that_repeats_takes_a_list_or_one_value(tmp_path):
+    """`model: [a.pt]` and `model: a.pt` are both `-m a.pt`; a list item of the wrong kind is one line."""
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    lines = "a b c\n"
+    by_flag = cli("translate", "-m", model, "--device", "cpu", input=lines)
+    for value in (f"[{model}]", str(model)):
+        (tmp_path / "c.yaml").write_text(f"model: {value}\ndevice: cpu\n")
+        by_file = cli("translate", "--config", tmp_path / "c.yaml", input=lines)
+        assert by_file.exit_code == 0 and by_file.stdout == by_flag.stdout, by_file.output
+    (tmp_path / "c.yaml").write_text(f"model: [{model}, [x]]\n")
+    result = cli("translate", "--config", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and result.output == f"Error: {tmp_path / 'c.yaml'}:1: model: a list, where the " \
+                                                      "option takes one value\n"
+
+
 def test_a_config_file_is_a_small_regular_file(tmp_path):
     """Not a device that never ends (/dev/zero, directly or through a link), nor data given by mistake."""
     (tmp_path / "zero.yaml").symlink_to("/dev/zero")

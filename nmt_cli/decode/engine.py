@@ -83,7 +83,7 @@ class Engine:
 
     def stream(self, config: SearchConfig, given: Collection[str] = ("seed",)) -> torch.Generator | None:
         """A random stream of a call's own when it gives a seed (`given` holds "seed"): the same
-        seed, the same samples, whatever other threads draw meanwhile; None: the translator's."""
+        seed, the same samples, whatever other threads draw meanwhile; None: the engine's."""
         if not config.sampling or "seed" not in given or config.seed is None:
             return None
         return self.generator.stream(config.seed)
@@ -92,7 +92,7 @@ class Engine:
                first_number: int = 1, rng: torch.Generator | None = None, constraints: list[list[str]] | None = None,
                avoid: list[list[str]] | None = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """The source ids of `lines` and their hypotheses; lines are numbered from `first_number`
-        in warnings. Samples continue the translator's random stream, or `rng` (a seed given for
+        in warnings. Samples continue the engine's random stream, or `rng` (a seed given for
         one call repeats its samples)."""
         lines = checked_lines(lines, "lines", first_number)
         prefixes = None if prefixes is None else checked_lines(prefixes, "prefixes", first_number)
