@@ -5,13 +5,13 @@ named in --help; and the library's errors printed as one line."""
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 from typing import Any
 
 import click
 
 from nmt_cli.errors import NmtError
+from nmt_cli.files import small_file
 
 DUMP = "nmt_cli.dump_config"  # ctx.meta: --dump-config was given
 
@@ -111,15 +111,11 @@ def config_text(path: Path) -> str:
     """The text of a config file: a regular file of at most CONFIG_BYTES (not a device that never
     ends, nor data given by mistake), in UTF-8."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise click.ClickException(f"{path}: not a regular file (a config file of options is)")
-        if info.st_size > CONFIG_BYTES:
-            raise click.ClickException(f"{path}: {info.st_size:,} bytes; a config file of options is at most "
-                                       f"{CONFIG_BYTES:,}")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise click.ClickException(f"{path}: unreadable ({e})") from None
+        return small_file(path, "a config file of options", CONFIG_BYTES).decode("utf-8")
+    except NmtError as e:
+        raise click.ClickException(str(e)) from None
+    except UnicodeDecodeError as e:
+        raise click.ClickException(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def key_lines(node: Any) -> dict[str, int]:

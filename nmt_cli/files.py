@@ -96,6 +96,33 @@ def destination(path: Path, what: str, stream: str = "", inputs: Iterable[Path] 
     return real
 
 
+def small_file(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes (options, keys, a tokenizer's
+    model, a configuration; not a device or FIFO that never ends, nor data given by mistake).
+    Refused in one line naming `path` and `what` it should be."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read {what} ({reason(e)})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for test, name in KINDS if test(info.st_mode)), "directory")
+            raise NmtError(f"{path}: a {kind}, not a regular file ({what} is one)")
+        data = os.read(fd, limit + 1)  # a file that grows as it is read stops here too
+        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
+            data += more
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read {what} ({reason(e)})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        size = f"{info.st_size:,} bytes" if info.st_size > limit else f"over {limit:,} bytes"
+        raise NmtError(f"{path}: {size}; {what} is at most {limit:,}")
+    return data
+
+
 def overlap(output: Path, given: Path) -> str | None:
     """How writing `output` would reach the input `given` (None: it would not): as the input
     itself, inside the input's directory, or replacing a directory that holds it, through links

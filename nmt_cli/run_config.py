@@ -105,6 +105,14 @@ class ServeConfig(Options):
                                  "Bearer KEY` (or LibreTranslate's api_key).", path=EXISTING_FILE)
     rate_limit: int | None = knob(None, "Requests a minute per API key (without keys: per client address); the next "
                                   "are answered 429 with Retry-After.", min=1)
+    failed_key_limit: int = knob(10, "With --api-keys: missing or wrong keys a minute per client address; past it, "
+                                 "that address is answered 429 with Retry-After, whatever key it sends.", min=1)
+    forwarded_allow_ips: tuple[str, ...] = knob((), "Take the client's address (for the rate limits and the access "
+                                                "log) from X-Forwarded-For when the request comes from this proxy "
+                                                "address (repeatable; *: any). Off by default: a client reaching the "
+                                                "server through a local tunnel cannot choose its address.")
+    max_body_bytes: int = knob(4 * 2**20, "Most bytes in a request's body: a larger one is answered 413 before more "
+                               "of it is read.", min=1)
     access_log: bool = knob(False, "Log a line per request: client, method, path, status, milliseconds.")
     batch_window_ms: float = knob(5.0, "How long a request waits for others to be translated with it.", min=0.0,
                                    max=10000.0)

@@ -119,8 +119,8 @@ def test_a_config_file_is_a_small_regular_file(tmp_path):
     """Not a device that never ends (/dev/zero, directly or through a link), nor data given by mistake."""
     (tmp_path / "zero.yaml").symlink_to("/dev/zero")
     (tmp_path / "big.yaml").write_text("# " + "x" * (2 << 20) + "\n")
-    for path, message in (("/dev/zero", "/dev/zero: not a regular file"),
-                          (tmp_path / "zero.yaml", "not a regular file"),
+    for path, message in (("/dev/zero", "/dev/zero: a character device, not a regular file"),
+                          (tmp_path / "zero.yaml", "zero.yaml: a character device, not a regular file"),
                           (tmp_path / "big.yaml", "bytes; a config file of options is at most 1,048,576")):
         result = cli("translate", "--config", path)
         assert result.exit_code == 1 and message in result.output and len(result.output.splitlines()) == 1
@@ -133,4 +133,4 @@ def test_an_empty_config_file_sets_nothing_and_an_unreadable_one_is_one_line(tmp
     assert "arch: base" in dumped.stdout
     (tmp_path / "latin1.yaml").write_bytes("beam: 4 # \xe9t\xe9\n".encode("latin-1"))
     result = cli("translate", "--config", tmp_path / "latin1.yaml")
-    assert result.exit_code == 1 and result.output.startswith(f"Error: {tmp_path / 'latin1.yaml'}: unreadable (")
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {tmp_path / 'latin1.yaml'}: not UTF-8 text (")

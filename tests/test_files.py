@@ -90,3 +90,20 @@ def test_an_output_overlaps_an_input_as_itself_inside_it_or_holding_it(tmp_path)
     with pytest.raises(NmtError, match=r"^.*link: is the input .*train.bin: writing the shortlist there would destroy"):
         files.destination(tmp_path / "link", "shortlist", inputs=[source])
     assert source.read_bytes() == b"ids"
+
+
+def test_a_small_file_is_a_regular_file_within_its_limit(tmp_path):
+    """Options, keys, a tokenizer's model: never a device that never ends, a FIFO (read without
+    waiting for a writer), a directory, or data given by mistake; each refused in one line."""
+    (tmp_path / "ok").write_bytes(b"12345")
+    assert files.small_file(tmp_path / "ok", "a thing", 5) == b"12345"
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    for name, message in (("zero", "a character device, not a regular file (a thing is one)"),
+                          ("fifo", "a FIFO, not a regular file (a thing is one)"),
+                          (".", "a directory, not a regular file (a thing is one)"),
+                          ("ok", "5 bytes; a thing is at most 4"),
+                          ("gone", "cannot read a thing (No such file or directory)")):
+        with pytest.raises(NmtError) as caught:
+            files.small_file(tmp_path / name, "a thing", 4)
+        assert str(caught.value) == f"{tmp_path / name}: {message}"

@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 
 from nmt_cli.errors import NmtError
-from nmt_cli.files import reason
+from nmt_cli.files import small_file
 
 OPEN_PATHS = frozenset({"/", "/health", "/languages", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
 OPEN_PREFIX = "/static-offline-docs/"  # the assets of /docs
+KEYS_BYTES = 1 << 20  # a file of keys, not data given by mistake
 
 
 def is_open(path: str) -> bool:
@@ -46,11 +47,17 @@ class Keys:
 
     def _read(self) -> frozenset[bytes]:
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            why = reason(e) if isinstance(e, OSError) else "not UTF-8 text"
-            raise NmtError(f"{self.path}: cannot read the API keys ({why})") from None
-        keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+            lines = small_file(self.path, "a file of API keys", KEYS_BYTES).decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise NmtError(f"{self.path}: cannot read the API keys (not UTF-8 text)") from None
+        keys = []
+        for number, line in enumerate(lines, 1):
+            key = line.strip()
+            if key and not key.startswith("#"):
+                if not key.isprintable() or max(map(ord, key)) > 0xFF:
+                    raise NmtError(f"{self.path}, line {number}: a key that an Authorization header cannot carry "
+                                   "(printable Latin-1 characters only)")
+                keys.append(key)
         if not keys:
             raise NmtError(f"{self.path}: no API keys in it (one per line)")
         return frozenset(hashlib.sha256(key.encode()).digest() for key in keys)
@@ -67,13 +74,24 @@ class RateLimit:
     def wait(self, client: str) -> int:
         """0 when `client` may send a request now (it is counted), else the seconds to wait."""
         now = time.monotonic()
-        tokens, when = self.buckets.get(client, (self.capacity, now))
-        tokens = min(self.capacity, tokens + (now - when) * self.rate)
+        tokens = self._tokens(client, now)
         if tokens >= 1.0:
             self._forget_full(now)
             self.buckets[client] = (tokens - 1.0, now)
             return 0
         self.buckets[client] = (tokens, now)
+        return self._seconds(tokens)
+
+    def waiting(self, client: str) -> int:
+        """What `wait` would say, without counting a request."""
+        tokens = self._tokens(client, time.monotonic())
+        return 0 if tokens >= 1.0 else self._seconds(tokens)
+
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, when = self.buckets.get(client, (self.capacity, now))
+        return min(self.capacity, tokens + (now - when) * self.rate)
+
+    def _seconds(self, tokens: float) -> int:
         return max(1, math.ceil((1.0 - tokens) / self.rate))
 
     def _forget_full(self, now: float) -> None:

@@ -11,7 +11,8 @@
     GET /            -> a page to try it (page.html)
 
 LibreTranslate's `POST /translate` (`q`) is answered too (libretranslate.py). --api-keys and
---rate-limit decide who may ask (access.py), --cors-origin which browser pages.
+--rate-limit decide who may ask (access.py), --cors-origin which browser pages; the client's
+address is the connection's unless --forwarded-allow-ips names a proxy to take it from.
 
 Requests that arrive together are translated together (batcher.py): those with the same search
 options share a search of up to --max-tokens source tokens, a larger request is cut into several,
@@ -94,6 +95,8 @@ def serve(models: list[str], config: ServeConfig) -> None:
 
     app = create_app(Service(engines, config, batcher, metrics, keys))
     server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                   proxy_headers=bool(config.forwarded_allow_ips),
+                                   forwarded_allow_ips=list(config.forwarded_allow_ips) or None,
                                    timeout_graceful_shutdown=config.drain_seconds,
                                    http=guarded_http(connections, config.read_timeout)))
 

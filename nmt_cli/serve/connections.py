@@ -1,8 +1,9 @@
 """The connections of `nmt serve`, guarded against clients that hold them: at most
 --max-connections open at once, below the open-file limit (the next are answered 503 and closed),
-each given --read-timeout seconds to send a whole request (then closed: 408 if one had begun), and
-a log that says a thing once a minute, not once per connection (asyncio logs every failed accept,
-up to the listen backlog's count per turn of its loop, when open files run out).
+each given --read-timeout seconds to send a whole request (then closed: 408 if one had begun),
+each body read no further than --max-body-bytes (`BodyCap`), and a log that says a thing once a
+minute, not once per connection (asyncio logs every failed accept, up to the listen backlog's
+count per turn of its loop, when open files run out).
 """
 
 import json
@@ -96,6 +97,38 @@ def guarded_http(max_connections: int, read_timeout: float) -> type[H11Protocol]
             self.transport.close()
 
     return GuardedH11Protocol
+
+
+TOO_LARGE = "nmt.body_too_large"  # in a request's scope: the --max-body-bytes that BodyCap stopped at
+
+
+class BodyCap:
+    """ASGI middleware: a request's body is read no further than `limit` bytes. Where Content-Length
+    declares more, or the body grows past it (chunked), its reader hears that nothing more comes
+    (as from a client gone away) and the request's scope says why (TOO_LARGE), so a body too large
+    costs the server at most `limit` bytes. (A disconnect, not an exception: starlette's middleware
+    would wrap an exception of `receive` in an ExceptionGroup.)"""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        received = 0
+
+        async def capped() -> dict[str, Any]:
+            nonlocal received
+            if TOO_LARGE not in scope and not (declared.isdigit() and int(declared) > self.limit):
+                message = await receive()
+                received += len(message.get("body", b""))
+                if received <= self.limit:
+                    return message
+            scope[TOO_LARGE] = self.limit
+            return {"type": "http.disconnect"}
+
+        await self.app(scope, capped, send)
 
 
 class Once(logging.Filter):

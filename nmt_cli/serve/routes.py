@@ -1,6 +1,7 @@
 """The HTTP application of `nmt serve` (FastAPI; its /docs need no internet: fastapi-offline): one
 route per path, each reading the `Service` it answers from off the application, and one
-middleware that decides who may ask (access.py) and counts and logs every answer.
+middleware that decides who may ask (access.py) and counts and logs every answer; no body is read
+past --max-body-bytes (connections.BodyCap).
 
     POST /translate  nmt-cli's body (schemas.py) or LibreTranslate's (`q`: libretranslate.py)
     GET /health, /config, /languages, /metrics, /docs, and / (the page to try it, page.html)
@@ -28,6 +29,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.run_config import ServeConfig
 from nmt_cli.serve.access import Keys, RateLimit, bearer, is_open
 from nmt_cli.serve.batcher import Batcher, RequestTooLarge, ShuttingDown
+from nmt_cli.serve.connections import TOO_LARGE, BodyCap
 from nmt_cli.serve.libretranslate import is_libretranslate, parse_libretranslate
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.pairs import NoSuchPair, Pair, choose, languages
@@ -60,9 +62,11 @@ class Service:
     metrics: Metrics
     keys: Keys | None = None
     limit: RateLimit | None = field(init=False)
+    failures: RateLimit = field(init=False)
 
     def __post_init__(self) -> None:
         self.limit = RateLimit(self.config.rate_limit) if self.config.rate_limit else None
+        self.failures = RateLimit(self.config.failed_key_limit)  # per address, with keys
 
     def pair_of(self, source: str | None, target: str | None) -> Pair:
         try:
@@ -101,28 +105,55 @@ class Service:
         return result
 
     async def refusal(self, request: Request) -> Response | None:
-        """The answer to a request that may not go on (a missing or unknown key, too many), else None."""
+        """The answer to a request that may not go on (a missing or unknown key, too many of either
+        from its address, too many requests, a body too large to read for its key), else None."""
         if is_open(request.url.path):
             return None
+        address = request.client.host if request.client else "-"
         key = bearer(request.headers.get("authorization"))
-        if key is None and self.keys is not None and request.method == "POST":
-            key = await body_key(request)  # LibreTranslate's clients send it in the body
-        if self.keys is not None and key not in self.keys:
-            return JSONResponse({"error": "a missing or unknown API key: send the header Authorization: Bearer KEY"},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        wait = self.limit.wait(key or (request.client.host if request.client else "-")) if self.limit else 0
-        if wait:
-            return JSONResponse({"error": f"more than the server's --rate-limit {self.config.rate_limit} requests a "
-                                          f"minute; try again in {wait} s"},
-                                status_code=429, headers={"Retry-After": str(wait)})
+        if self.keys is not None:
+            if wait := self.failures.waiting(address):
+                return too_many(wait, f"more than the server's --failed-key-limit {self.config.failed_key_limit} "
+                                      "missing or unknown API keys a minute from this address")
+            if key is None and request.method == "POST":
+                try:
+                    key = await body_key(request)  # LibreTranslate's clients send it in the body
+                except BadRequest as e:
+                    return JSONResponse({"error": str(e)}, status_code=e.status)
+            if key not in self.keys:
+                self.failures.wait(address)
+                return JSONResponse({"error": "a missing or unknown API key: send the header Authorization: Bearer "
+                                              "KEY"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if self.limit and (wait := self.limit.wait(key or address)):
+            return too_many(wait, f"more than the server's --rate-limit {self.config.rate_limit} requests a minute")
         return None
 
 
-async def body_key(request: Request) -> str | None:
-    """The `api_key` of a body (LibreTranslate's), if it has one."""
+def too_many(wait: int, what: str) -> JSONResponse:
+    return JSONResponse({"error": f"{what}; try again in {wait} s"}, status_code=429,
+                        headers={"Retry-After": str(wait)})
+
+
+async def body_of(request: Request) -> Any:
+    """A request's body, read (within --max-body-bytes: else BadRequest 413) and parsed."""
     try:
-        body = read_body(await request.body(), request.headers.get("content-type"))
-    except (BadRequest, ClientDisconnect):
+        raw = await request.body()
+    except ClientDisconnect:
+        if (limit := request.scope.get(TOO_LARGE)) is not None:
+            raise BadRequest(413, f"a body of more than the server's --max-body-bytes {limit:,} bytes") from None
+        raise
+    return read_body(raw, request.headers.get("content-type"))
+
+
+async def body_key(request: Request) -> str | None:
+    """The `api_key` of a body (LibreTranslate's), if it has one; BadRequest 413 past --max-body-bytes."""
+    try:
+        body = await body_of(request)
+    except ClientDisconnect:
+        return None
+    except BadRequest as e:
+        if e.status == 413:
+            raise
         return None
     key = body.get("api_key") if isinstance(body, dict) else None
     return key if isinstance(key, str) else None
@@ -147,7 +178,7 @@ async def guard(request: Request, call_next: Any) -> Any:
 async def translate(request: Request) -> Any:
     """Translate sentences; requests that arrive together share a search."""
     try:
-        return await service_of(request).answer(read_body(await request.body(), request.headers.get("content-type")))
+        return await service_of(request).answer(await body_of(request))
     except ClientDisconnect:
         return Response(status_code=499)  # nobody to answer
     except BadRequest as e:
@@ -211,6 +242,7 @@ def create_app(service: Service) -> FastAPIOffline:
     app.state.page = (resources.files("nmt_cli.serve") / "page.html").read_text(encoding="utf-8")
     app.state.paths = {route.path for route in app.routes}  # the label of a request to any other path: "other"
     app.middleware("http")(guard)
+    app.add_middleware(BodyCap, limit=service.config.max_body_bytes)  # outside the guard: its body reads too
     if service.config.cors_origin:  # outermost: a preflight is answered before the keys are asked for
         app.add_middleware(CORSMiddleware, allow_origins=list(service.config.cors_origin),
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
