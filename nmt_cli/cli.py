@@ -97,7 +97,8 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
     import tempfile
 
     from nmt_cli.corpus.datadir import DataDir
-    from nmt_cli.corpus.preprocess import model_pipeline, preprocess
+    from nmt_cli.corpus.from_model import model_pipeline
+    from nmt_cli.corpus.preprocess import preprocess
 
     text = build(TextConfig, **fields_of(TextConfig, options))
     if from_data is not None and from_model is not None:
@@ -116,7 +117,8 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
             text, reused = DataDir.open(from_data, verify=True).reuse(text.source_lang, text.target_lang)
             options.update(reused)
         elif from_model is not None:
-            text, reused = model_pipeline(from_model, Path(files), text.source_lang, text.target_lang)
+            text, reused = model_pipeline(from_model, Path(files), text.source_lang, text.target_lang,
+                                          warn=lambda message: click.echo(message, err=True))
             options.update(reused)
         data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
     if not quiet:

@@ -11,7 +11,6 @@ Everything is written to a temporary directory that is renamed into place at the
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections import Counter
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from nmt_cli.config import PreprocessConfig, TextConfig
+from nmt_cli.config import PreprocessConfig
 from nmt_cli.corpus.data import ArrayWriter, token_dtype
 from nmt_cli.corpus.datadir import FORMAT_VERSION, DataDir
 from nmt_cli.corpus.report import bar, show_progress
@@ -126,36 +125,6 @@ def binarize(items: Iterable[Any], encode: Callable[[Any], Packed], workers: Wor
         progress.close()
         for writer in writers.values():
             writer.close()
-
-
-def model_pipeline(checkpoint: Path, directory: Path, src: str, tgt: str) -> tuple[TextConfig, dict[str, Any]]:
-    """`nmt preprocess --from-model`: the checkpoint's text settings, and its BPE codes (or
-    SentencePiece models) and vocabularies written into `directory` as PreprocessConfig fields.
-    The languages are the files' suffixes; with Moses they must be the model's own."""
-    from nmt_cli.model.checkpoint import load_bundle  # torch: only when a model is read
-
-    bundle = load_bundle(checkpoint)
-    text = bundle.text
-    if (text.source_lang, text.target_lang) != (src, tgt):
-        if not text.sentencepiece:
-            raise NmtError(f"{checkpoint}: its Moses tokenizer is for {text.source_lang}-{text.target_lang}, not "
-                           f"{src}-{tgt}")
-        text = dataclasses.replace(text, source_lang=src, target_lang=tgt)
-    files: dict[str, Any] = {"bpe_merges": 0}
-    for key, name, content in (("bpe_codes", "bpe.codes", bundle.bpe_codes),
-                               ("sentencepiece_model", "spm.model", bundle.sentencepiece),
-                               ("target_sentencepiece_model", "spm.target.model", bundle.target_sentencepiece)):
-        files[key] = None
-        if content is not None:
-            files[key] = directory / name
-            files[key].write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
-    for key, vocab in (("srcdict", bundle.src_vocab), ("tgtdict", bundle.tgt_vocab)):
-        spaced = next((t for t in vocab.tokens if not t or any(c.isspace() for c in t)), None)
-        if spaced is not None:
-            raise NmtError(f"{checkpoint}: its vocabulary holds {spaced!r}, which a vocabulary file cannot")
-        files[key] = directory / f"{key}.txt"
-        vocab.save(files[key])
-    return text, files
 
 
 def check_destdir(destdir: Path, force: bool, inputs: list[Path]) -> None:

@@ -24,12 +24,14 @@ import numpy as np
 import torch
 
 from nmt_cli.errors import NmtError
+from nmt_cli.files import small_file
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 if TYPE_CHECKING:
     from nmt_cli.model.checkpoint import ModelBundle
 
 HEADER = "nmt-cli shortlist 1"
+SHORTLIST_BYTES = 1 << 30  # 100 candidates for each of 250,000 source tokens fit 10 times over
 ITERATIONS = 5
 CHUNK_PAIRS = 20_000  # pairs whose co-occurrences are counted at once
 
@@ -83,8 +85,8 @@ class Shortlist:
         """A shortlist file; one that is not one, or is cut short, is refused naming its line, and
         with a `model`, one made for other vocabularies than the model's."""
         try:
-            lines = Path(path).read_text(encoding="utf-8").split("\n")
-        except (OSError, UnicodeDecodeError) as e:
+            lines = small_file(path, "a shortlist", SHORTLIST_BYTES).decode("utf-8").split("\n")
+        except UnicodeDecodeError as e:
             raise NmtError(f"{path}: unreadable ({e})") from None
         if lines[0] != HEADER:
             raise NmtError(f"{path}:1: not a shortlist of `nmt shortlist` (expected {HEADER!r})")

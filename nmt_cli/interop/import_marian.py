@@ -5,6 +5,8 @@ untied output, the decoder started from a zero vector; what else Marian can be i
 
 from __future__ import annotations
 
+import re
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,49 +15,44 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import Release, Side, sentencepiece_file, token_id, tokens_by_id
+from nmt_cli.files import small_file
+from nmt_cli.interop.release import Release, Side, sentencepiece_file, setting, token_id, tokens_by_id
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.text.pieces import load_sentencepiece
 
 
 def read_marian(source: Path, warn: Callable[[str], None]) -> Release:
     """A Marian release: model.npz (its model.yml inside), decoder.yml, vocabularies, .spm files."""
-    import numpy as np
-
     decoder = read_yaml(source / "decoder.yml") if (source / "decoder.yml").is_file() else {}
     names = decoder.get("models") or [p.name for p in sorted(source.glob("*.npz"))][:1]
     path = source / Path(str(names[0])).name
-    try:
-        npz = np.load(path)
-        weights = {name: torch.from_numpy(np.array(npz[name])) for name in npz.files}
-    except (OSError, ValueError, KeyError) as e:
-        raise NmtError(f"{path}: not a readable Marian model ({str(e).splitlines()[0][:200]})") from None
-    if "special:model.yml" not in weights:
-        raise NmtError(f"{path}: no special:model.yml inside (not a Marian model)")
-    config = parse_yaml(bytes(weights.pop("special:model.yml").numpy()).rstrip(b"\0").decode("utf-8"),
-                        f"{path}: special:model.yml")
-    model_config = marian_config(config, path).replace(tied_output=not any(
-        f"decoder_ff_logit_out_{w}" in weights for w in ("W", "Wt")))
-    vocab_paths = [source / Path(str(v)).name for v in decoder.get("vocabs") or []] or \
-        sorted(source.glob("*vocab*.yml"))[:1] * 2
-    if len(vocab_paths) != 2:
-        raise NmtError(f"{source}: decoder.yml names {len(vocab_paths)} vocabularies; nmt import reads a source "
-                       "and a target one")
-    read = {p: marian_vocabulary(p) for p in dict.fromkeys(vocab_paths)}  # a joint one once
-    tokens = [read[p] for p in vocab_paths]
-    shared = "Wemb" in weights
+    with Npz(path) as npz:
+        config = parse_yaml(npz.model_yml(), f"{path}: special:model.yml")
+        model_config = marian_config(config, path).replace(tied_output=not any(
+            f"decoder_ff_logit_out_{w}" in npz for w in ("W", "Wt")))
+        vocab_paths = [source / Path(str(v)).name for v in decoder.get("vocabs") or []] or \
+            sorted(source.glob("*vocab*.yml"))[:1] * 2
+        if len(vocab_paths) != 2:
+            raise NmtError(f"{source}: decoder.yml names {len(vocab_paths)} vocabularies; nmt import reads a source "
+                           "and a target one")
+        read = {p: marian_vocabulary(p) for p in dict.fromkeys(vocab_paths)}  # a joint one once
+        tokens = [read[p] for p in vocab_paths]
+        shared = "Wemb" in npz
+        npz.check_layers(model_config)
+        ours = marian_weights(npz, model_config, shared, (len(tokens[0]), len(tokens[1])))
     # Marian has no <pad> and starts the decoder from a zero vector: both take a zero row appended
     # to each vocabulary (its id: the vocabulary's size).
     sides = [Side(t + ["<pad>"], len(t), len(t), token_id(t, "</s>", p), token_id(t, "<unk>", p))
              for t, p in zip(tokens, vocab_paths)]
-    ours = marian_weights(weights, model_config, shared, path)
     for name, tensor in ours.items():
         if name.endswith("tokens.weight") or name.startswith("output_projection"):
             ours[name] = torch.cat([tensor, tensor.new_zeros(1, *tensor.shape[1:])])
     spm = [source / name for name in ("source.spm", "target.spm")]
-    search = {"beam": int(decoder.get("beam-size", 12)), "lenpen": float(decoder.get("normalize", 0.0)),
-              "lenpen_form": "length", "stopping": "early", "max_len_a": float(decoder.get("max-length-factor", 3.0)),
-              "max_len_b": 0, "allow_unk": bool(decoder.get("allow-unk", False))}
+    where = source / "decoder.yml"
+    search = {"beam": setting(decoder, "beam-size", int, 12, where, low=1),
+              "lenpen": float(setting(decoder, "normalize", float, 0.0, where)), "lenpen_form": "length",
+              "stopping": "early", "max_len_a": float(setting(decoder, "max-length-factor", float, 3.0, where, low=0)),
+              "max_len_b": 0, "allow_unk": setting(decoder, "allow-unk", bool, False, where)}
     if decoder.get("word-penalty"):
         warn(f"warning: {source / 'decoder.yml'}: word-penalty not carried over (nmt-cli's search has none)")
     return Release(model_config, ours, sides[0], sides[1], shared, *map(sentencepiece_file, spm),
@@ -65,9 +62,9 @@ def read_marian(source: Path, warn: Callable[[str], None]) -> Release:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        return parse_yaml(path.read_text(encoding="utf-8"), str(path))
-    except OSError as e:
-        raise NmtError(f"{path}: unreadable ({e})") from None
+        return parse_yaml(small_file(path, "a Marian settings file", YAML_BYTES).decode("utf-8"), str(path))
+    except UnicodeDecodeError:
+        raise NmtError(f"{path}: not UTF-8 text") from None
 
 
 def parse_yaml(text: str, where: str) -> dict[str, Any]:
@@ -82,6 +79,84 @@ def parse_yaml(text: str, where: str) -> dict[str, Any]:
     return data
 
 
+class Npz:
+    """The arrays of a model.npz, each read when asked for and only once its header shows the shape
+    the model needs: an entry never used is never read, and none larger than the model.yml and the
+    vocabularies say is allocated (a damaged or hostile file costs no memory)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.zip = zipfile.ZipFile(path)
+        except (OSError, zipfile.BadZipFile) as e:
+            raise NmtError(f"{path}: not a readable Marian model ({e})") from None
+        self.members = {name.removesuffix(".npy"): name for name in self.zip.namelist()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.members
+
+    def __enter__(self) -> Npz:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.zip.close()
+
+    def header(self, name: str) -> tuple[tuple[int, ...], Any]:
+        """The shape and dtype of entry `name`, from its header alone."""
+        import numpy as np
+
+        try:
+            with self._open(name) as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise NmtError(f"{self.path}: {name}: unreadable ({str(e).splitlines()[0][:200]})") from None
+        return shape, dtype
+
+    def array(self, name: str) -> Any:
+        import numpy as np
+
+        try:
+            with self._open(name) as f:
+                return np.lib.format.read_array(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise NmtError(f"{self.path}: {name}: unreadable ({str(e).splitlines()[0][:200]})") from None
+
+    def tensor(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """Entry `name` as a float tensor of `shape` (a bias or norm (1, n) may be stored as (n,))."""
+        if name not in self:
+            raise NmtError(f"{self.path}: no tensor {name}")
+        found, dtype = self.header(name)
+        if found != shape and not (shape[0] == 1 and found == shape[1:]):
+            raise NmtError(f"{self.path}: tensor {name} has shape {list(found)}, its model.yml and vocabularies "
+                           f"give {list(shape)}")
+        if dtype.kind != "f":
+            raise NmtError(f"{self.path}: tensor {name} holds {dtype} values, not floating point")
+        return torch.from_numpy(self.array(name).astype("float32", copy=False)).reshape(shape)
+
+    def model_yml(self) -> str:
+        """The model.yml inside (a string of bytes, at most YAML_BYTES)."""
+        if "special:model.yml" not in self:
+            raise NmtError(f"{self.path}: no special:model.yml inside (not a Marian model)")
+        shape, dtype = self.header("special:model.yml")
+        if len(shape) != 1 or dtype.itemsize != 1 or shape[0] > YAML_BYTES:
+            raise NmtError(f"{self.path}: special:model.yml is not a string of at most {YAML_BYTES:,} bytes")
+        return bytes(self.array("special:model.yml")).rstrip(b"\0").decode("utf-8", errors="replace")
+
+    def check_layers(self, config: ModelConfig) -> None:
+        """The layers the weights hold are the model.yml's, no fewer and no more."""
+        for side, count in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
+            held = {int(m.group(1)) for name in self.members if (m := re.match(fr"{side}_l(\d+)_", name))}
+            if held != set(range(1, count + 1)):
+                raise NmtError(f"{self.path}: the weights hold {side} layers {sorted(held)}, its model.yml "
+                               f"{count} ({side[:3]}-depth)")
+
+    def _open(self, name: str) -> Any:
+        return self.zip.open(self.members[name])
+
+
 def marian_vocabulary(path: Path) -> list[str]:
     """Tokens by id of a Marian vocabulary: a .yml of `token: id` lines, or a SentencePiece model."""
     if path.suffix == ".spm":
@@ -90,14 +165,18 @@ def marian_vocabulary(path: Path) -> list[str]:
     import yaml
 
     loader = getattr(yaml, "CBaseLoader", yaml.BaseLoader)  # libyaml's where there is one: 10x faster
+    text = small_file(path, "a Marian vocabulary", VOCABULARY_BYTES).decode("utf-8", errors="replace")
     try:  # the base loader keeps every key a string ("yes", "1", "null" are tokens, not values)
-        mapping = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
-    except (OSError, yaml.YAMLError) as e:
+        mapping = yaml.load(text, Loader=loader)
+    except (yaml.YAMLError, RecursionError) as e:
         raise NmtError(f"{path}: not a Marian vocabulary ({str(e).splitlines()[0][:200]})") from None
     if not isinstance(mapping, dict) or not all(str(i).isdigit() for i in mapping.values()):
         raise NmtError(f"{path}: not a Marian vocabulary (token: id lines)")
     return tokens_by_id({t: int(i) for t, i in mapping.items()}, path)
 
+
+YAML_BYTES = 1 << 20  # decoder.yml, model.yml: settings, not data
+VOCABULARY_BYTES = 64 << 20  # a vocabulary .yml: a few MB for the largest releases
 
 MARIAN_ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu-sigmoid"}
 
@@ -142,16 +221,26 @@ def marian_config(config: dict[str, Any], path: Path) -> ModelConfig:
         raise NmtError(f"{where}: {e}") from None
 
 
-def marian_weights(npz: dict[str, Tensor], config: ModelConfig, shared: bool, path: Path) -> dict[str, Tensor]:
+def marian_shape(name: str, config: ModelConfig, rows: tuple[int, int]) -> tuple[int, ...]:
+    """The shape of Marian's tensor `name` in a model of `config` with `rows` source and target
+    tokens: matrices (in, out), biases and norms (1, n)."""
+    d, ff = config.d_model, config.d_ff
+    if name in ("Wemb", "encoder_Wemb", "decoder_Wemb", "decoder_ff_logit_out_Wt"):
+        return rows[0] if name == "encoder_Wemb" else rows[1], d
+    if name.startswith("decoder_ff_logit_out_"):
+        return (d, rows[1]) if name.endswith("_W") else (1, rows[1])
+    last = name.rsplit("_", 1)[1]
+    return {"W1": (d, ff), "b1": (1, ff), "W2": (ff, d)}.get(last, (d, d) if re.fullmatch("W[qkvo]", last) else (1, d))
+
+
+def marian_weights(npz: Npz, config: ModelConfig, shared: bool, rows: tuple[int, int]) -> dict[str, Tensor]:
     """Marian's weights under our names, matrices as torch lays them out (Marian's are (in, out))."""
     if "Wpos" in npz:
-        raise NmtError(f"{path}: learned positions (Wpos); nmt-cli's imported models have sinusoidal ones")
+        raise NmtError(f"{npz.path}: learned positions (Wpos); nmt-cli's imported models have sinusoidal ones")
 
     def take(name: str, transpose: bool = False) -> Tensor:
-        if name not in npz:
-            raise NmtError(f"{path}: no tensor {name}")
-        tensor = npz[name].float()
-        return tensor.t() if transpose else tensor.reshape(-1) if tensor.dim() == 2 and tensor.size(0) == 1 else tensor
+        tensor = npz.tensor(name, marian_shape(name, config, rows))
+        return tensor.t() if transpose else tensor.reshape(-1) if tensor.size(0) == 1 else tensor
 
     def norm(prefix: str) -> tuple[Tensor, Tensor]:
         suffix = "_pre" if config.norm == "pre" else ""

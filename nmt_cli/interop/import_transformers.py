@@ -22,6 +22,7 @@ from nmt_cli.interop.release import (
     Side,
     read_json,
     sentencepiece_file,
+    setting,
     sines_then_cosines,
     token_id,
     tokens_by_id,
@@ -53,6 +54,11 @@ def read_transformers(source: Path, warn: Callable[[str], None]) -> Release:
              for role, default in (("eos", "</s>"), ("unk", "<unk>"), ("pad", "<pad>"))}
     src_tokens = vocabulary(source / "vocab.json")
     tgt_tokens = vocabulary(source / "target_vocab.json") if separate else src_tokens
+    vocab_sizes = (config["vocab_size"], config.get("decoder_vocab_size") or config["vocab_size"])
+    for key, size, tokens, name in zip(("vocab_size", "decoder_vocab_size"), vocab_sizes, (src_tokens, tgt_tokens),
+                                       ("vocab.json", "target_vocab.json" if separate else "vocab.json")):
+        if size != len(tokens):
+            raise NmtError(f"{source / 'config.json'}: {key} {size!r}, where {name} holds {len(tokens):,} tokens")
     model_config = transformers_config(config, source)
     shared = bool(config["share_encoder_decoder_embeddings"])
     if shared and separate:
@@ -254,38 +260,56 @@ def transformers_search(source: Path, config: dict[str, Any], target: Side,
     path = source / "generation_config.json"
     generation = read_json(path) if path.is_file() else config
     where = path if path.is_file() else source / "config.json"
-    beam = int(generation.get("num_beams") or 1)
+    if not isinstance(generation, dict):
+        raise NmtError(f"{where}: not a JSON object of settings")
     early = generation.get("early_stopping", False)
+    if early not in (True, False, "never"):
+        raise NmtError(f"{where}: early_stopping {early!r}: expected true, false or 'never'")
     if early == "never":
         warn(f"warning: {where}: early_stopping 'never' is searched with transformers' default rule (False)")
     # generate() stops at max_length tokens counting the start (or after max_new_tokens), and with
     # forced_eos_token_id (MarianConfig's default) the last of them is </s>: ours comes after the limit.
-    limit = int(generation["max_new_tokens"]) if generation.get("max_new_tokens") else \
-        int(generation.get("max_length") or 20) - 1
+    new_tokens = setting(generation, "max_new_tokens", int, None, where, low=1)
+    limit = new_tokens if new_tokens is not None else setting(generation, "max_length", int, 20, where, low=1) - 1
     forced = generation.get("forced_eos_token_id")
     limit -= (forced[0] if isinstance(forced, list) and forced else forced) == target.eos
     ignored = [key for key, default in (("do_sample", False), ("forced_bos_token_id", None), ("num_beam_groups", 1))
                if generation.get(key, default) not in (default, None)]
     if ignored:
         warn(f"warning: {where}: {', '.join(ignored)} not carried over (nmt-cli's search has no such option yet)")
-    never, allow_unk = [], True
-    for entry in generation.get("bad_words_ids") or []:
-        if not (isinstance(entry, list) and len(entry) == 1 and isinstance(entry[0], int)
-                and 0 <= entry[0] < len(target.tokens)):
-            warn(f"warning: {where}: bad_words_ids entry {entry} not carried over (only single tokens are)")
-        elif entry[0] == target.unk:
-            allow_unk = False
-        elif entry[0] not in (target.pad, target.start, target.eos):  # our search never outputs those anyway
-            never.append(target.tokens[entry[0]])
+    never, allow_unk = banned(generation, target, where, warn)
     # min_length counts the start token, min_new_tokens does not (the later wins in generate(), as here)
-    min_len = max(int(generation.get("min_length") or 0) - 1, int(generation.get("min_new_tokens") or 0), 0)
-    search = {"beam": max(beam, 1), "lenpen": float(generation.get("length_penalty", 1.0)), "lenpen_form": "length",
+    min_len = max(setting(generation, "min_length", int, 0, where, low=0) - 1,
+                  setting(generation, "min_new_tokens", int, 0, where, low=0), 0)
+    search = {"beam": setting(generation, "num_beams", int, 1, where, low=1),
+              "lenpen": float(setting(generation, "length_penalty", float, 1.0, where)), "lenpen_form": "length",
               "stopping": "early" if early is True else "heuristic", "max_len_a": 0.0, "max_len_b": max(limit, 1),
               "allow_unk": allow_unk, "min_len": min_len,
-              "no_repeat_ngram_size": int(generation.get("no_repeat_ngram_size") or 0),
-              "repetition_penalty": float(generation.get("repetition_penalty") or 1.0)}
+              "no_repeat_ngram_size": setting(generation, "no_repeat_ngram_size", int, 0, where, low=0),
+              "repetition_penalty": float(setting(generation, "repetition_penalty", float, 1.0, where))}
     try:
         SearchConfig(**search)
     except ValueError as e:
         raise NmtError(f"{where}: {e}") from None
     return search, never
+
+
+def banned(generation: dict[str, Any], target: Side, where: Path, warn: Callable[[str], None]
+           ) -> tuple[list[str], bool]:
+    """The tokens `bad_words_ids` bans (a list of lists of token ids; single tokens are carried
+    over, longer phrases warned of), and whether <unk> may be output."""
+    entries = generation.get("bad_words_ids") or []
+    if not isinstance(entries, list) or not all(
+            isinstance(entry, list) and entry and all(type(i) is int and 0 <= i < len(target.tokens) for i in entry)
+            for entry in entries):
+        raise NmtError(f"{where}: bad_words_ids {str(entries)[:100]}: expected lists of ids of its "
+                       f"{len(target.tokens):,}-token vocabulary")
+    never, allow_unk = [], True
+    for entry in entries:
+        if len(entry) > 1:
+            warn(f"warning: {where}: bad_words_ids entry {entry} not carried over (only single tokens are)")
+        elif entry[0] == target.unk:
+            allow_unk = False
+        elif entry[0] not in (target.pad, target.start, target.eos):  # our search never outputs those anyway
+            never.append(target.tokens[entry[0]])
+    return never, allow_unk

@@ -45,7 +45,7 @@ def import_model(source: Path, out: Path, warn: Callable[[str], None] = print) -
     else:
         raise NmtError(f"{source}: neither a transformers model (config.json) nor a Marian one (*.npz)")
     checkpoint = checkpoint_of(release)
-    checked_model(checkpoint, out)
+    checked_model(checkpoint, source)  # what could be wrong came from the release: its name in the error
     save(checkpoint, out)
     return checkpoint
 

@@ -7,6 +7,7 @@ layout of the sinusoid."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
+from nmt_cli.files import small_file
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.text.pieces import load_sentencepiece
 from nmt_cli.text.vocab import SPECIALS
@@ -65,13 +67,35 @@ class Release:
     origin: str = ""
 
 
+FILE_BYTES = 64 << 20  # a release's configurations, vocabularies and SentencePiece models: a few MB at most
+
+
 def read_json(path: Path) -> Any:
+    if not path.exists():
+        raise NmtError(f"{path}: missing (a released model needs it)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NmtError(f"{path}: missing (a released model needs it)") from None
-    except (OSError, ValueError) as e:
+        return json.loads(small_file(path, "a release's JSON file", FILE_BYTES))
+    except ValueError as e:
         raise NmtError(f"{path}: unreadable ({e})") from None
+    except RecursionError:
+        raise NmtError(f"{path}: JSON nested too deeply to be a release's file") from None
+
+
+KINDS = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def setting(settings: dict[str, Any], key: str, kind: type, default: Any, where: Path, low: float | None = None) -> Any:
+    """A released search setting `key`: a `kind` (an int where an int goes, never a bool, a string
+    or 4.5) not below `low`; absent or null: `default`. Refused in one line naming `where`."""
+    value = settings.get(key)
+    if value is None:
+        return default
+    fits = isinstance(value, bool) if kind is bool else not isinstance(value, bool) and \
+        isinstance(value, int if kind is int else (int, float))
+    if not fits or (kind is not bool and (not math.isfinite(value) or low is not None and value < low)):
+        bound = f" of at least {low:g}" if low is not None and kind is not bool else ""
+        raise NmtError(f"{where}: {key} {value!r}: expected {KINDS[kind]}{bound}")
+    return value
 
 
 def tokens_by_id(mapping: dict[str, int], path: Path) -> list[str]:
@@ -90,9 +114,8 @@ def token_id(tokens: list[str], name: str, source: Path) -> int:
 
 
 def sentencepiece_file(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise NmtError(f"{path}: missing (a released model needs it)") from None
+    if not path.exists():
+        raise NmtError(f"{path}: missing (a released model needs it)")
+    data = small_file(path, "a SentencePiece model", FILE_BYTES)
     load_sentencepiece(data, str(path), specials=False)
     return data

@@ -72,6 +72,9 @@ def test_the_file_reads_back_and_a_damaged_one_is_one_line(trained, tmp_path):
         (tmp_path / "bad.txt").write_text(text)
         with pytest.raises(NmtError, match=f"^{tmp_path / 'bad.txt'}{message}"):
             Shortlist.load(tmp_path / "bad.txt")
+    (tmp_path / "zero.txt").symlink_to("/dev/zero")  # a device that never ends is not read
+    with pytest.raises(NmtError, match=f"^{tmp_path / 'zero.txt'}: a character device, not a regular file"):
+        Shortlist.load(tmp_path / "zero.txt")
     assert cli("shortlist", data, "-o", tmp_path / "x", "--first", 0, "--best", 0).exit_code == 2
 
 

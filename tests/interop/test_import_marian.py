@@ -4,8 +4,11 @@ vocabulary and SentencePiece models. CTranslate2's Marian converter reads the sa
 greedy translations and ours are the same, post-norm and pre-norm, with each activation, tied or
 untied output."""
 
+import io
 import json
+import re
 import shutil
+import zipfile
 
 import numpy as np
 import pytest
@@ -109,11 +112,50 @@ def test_decoder_yml_gives_the_search(tmp_path):
     ({"transformer-ffn-activation": "tanh"}, "transformer-ffn-activation 'tanh'"),
     ({"transformer-decoder-autoreg": "average-attention"}, "transformer-decoder-autoreg"),
     ({"transformer-train-position-embeddings": True}, "learned positions"),
-    ({"transformer-dim-ffn": 256}, "has shape"),
+    ({"transformer-dim-ffn": 256}, "tensor encoder_l1_ffn_W1 has shape \\[64, 128\\], its model.yml and vocabularies "
+                                   "give \\[64, 256\\]"),
+    ({"enc-depth": 1}, "the weights hold encoder layers \\[1, 2\\], its model.yml 1 \\(enc-depth\\)"),
 ])
 @pytest.mark.slow
 def test_what_nmt_cannot_hold_is_refused_in_one_line(tmp_path, change, message):
+    """Each refusal names the release's model.npz, not the output."""
     directory = marian_release(tmp_path / "release", **change)
-    with pytest.raises(NmtError, match=message):
+    with pytest.raises(NmtError, match=f"^{re.escape(str(directory / 'model.npz'))}: .*{message}"):
         import_model(directory, tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
+
+
+def declaring(path, name, shape):
+    """model.npz with entry `name` (replaced or added) declaring `shape` in float32, its data absent."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path) as old:
+        kept = {info.filename: old.read(info) for info in old.infolist() if info.filename != f"{name}.npy"}
+    with zipfile.ZipFile(path, "w") as new:
+        for member, data in kept.items():
+            new.writestr(member, data)
+        new.writestr(f"{name}.npy", header.getvalue())
+
+
+@pytest.mark.slow
+def test_model_npz_is_read_entry_by_entry_within_the_models_shapes(tmp_path):
+    """An entry no model reads is never read (here one declaring 32 GB); one it reads is checked by
+    its header before anything is allocated; a file cut short is one line; so is a search setting
+    of decoder.yml of the wrong type."""
+    release = marian_release(tmp_path / "release")
+    settings = (release / "decoder.yml").read_text()
+    (release / "decoder.yml").write_text(settings.replace("beam-size: 6", "beam-size: 4.5"))
+    with pytest.raises(NmtError, match=f"^{release / 'decoder.yml'}: beam-size 4.5: expected an integer of at least "
+                                       "1$"):
+        import_model(release, tmp_path / "out.pt")
+    (release / "decoder.yml").write_text(settings)
+    declaring(release / "model.npz", "junk", (1 << 33,))
+    import_model(release, tmp_path / "ok.pt")
+    declaring(release / "model.npz", "Wemb", (1 << 22, 1 << 11))
+    with pytest.raises(NmtError, match=f"^{release / 'model.npz'}: tensor Wemb has shape \\[4194304, 2048\\], its "
+                                       "model.yml and vocabularies give \\[54687, 64\\]$"):
+        import_model(release, tmp_path / "out.pt")
+    (release / "model.npz").write_bytes((release / "model.npz").read_bytes()[:100_000])
+    with pytest.raises(NmtError, match=f"^{release / 'model.npz'}: not a readable Marian model \\(File is not a zip"):
+        import_model(release, tmp_path / "out.pt")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ok.pt", "release"]

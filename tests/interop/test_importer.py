@@ -328,6 +328,7 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_and_keeps_its_release(rel
                  "--destdir", tmp_path / "data", "--from-model", tmp / "imported.pt", "--quiet", "--workers", 1,
                  "--max-len-ratio", 4)  # German in Malagasy pieces is long
     assert result.exit_code == 0, result.output
+    assert f"warning: {tmp / 'imported.pt'} translates en-mg, the data is en-de: " in result.output
     common = ["train", tmp_path / "data", "--init-from", tmp / "imported.pt", "--max-tokens", 600, "--lr-schedule",
               "inverse-sqrt", "--lr", 1e-3, "--warmup", 5, "--device", "cpu", "--threads", 1, "--quiet",
               "--validate-interval-updates", 10, "--dropout", 0.0]
@@ -350,17 +351,42 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_and_keeps_its_release(rel
     (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:5000]),
      "model.safetensors: unreadable or truncated"),
     (lambda d: (d / "source.spm").write_bytes(b"garbage"), "source.spm: not a SentencePiece model"),
-    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
-                                                          "activation_function": "mish"})), "'mish'"),
+    (lambda d: configured(d, activation_function="mish"), "'mish'"),
+    (lambda d: (d / "config.json").write_text("[" * 100_000 + "]" * 100_000), "config.json: JSON nested too deeply"),
+    (lambda d: ((d / "source.spm").unlink(), (d / "source.spm").symlink_to("/dev/zero")),
+     "source.spm: a character device, not a regular file"),
+    (lambda d: configured(d, num_beams=0), "config.json: num_beams 0: expected an integer of at least 1"),
+    (lambda d: configured(d, num_beams=4.5), "config.json: num_beams 4.5: expected an integer of at least 1"),
+    (lambda d: configured(d, max_length=-1), "config.json: max_length -1: expected an integer of at least 1"),
+    (lambda d: configured(d, bad_words_ids="x"), "config.json: bad_words_ids x: expected lists of ids"),
+    (lambda d: configured(d, vocab_size=100), "config.json: vocab_size 100, where vocab.json holds 54,688 tokens"),
+    (lambda d: poisoned(d), ": tensor decoder_layers.0.ffn.w1.weight holds NaN or infinite values"),
 ])
 def test_a_damaged_release_is_refused_in_one_line_and_nothing_is_written(released, tmp_path, damage, message):
+    """Each refusal names the release's file (not the output), before anything is written."""
     directory = tmp_path / "hf"
     shutil.copytree(released[0] / "hf", directory)
     damage(directory)
     result = cli("import", directory, "-o", tmp_path / "out.pt")
-    assert result.exit_code == 1 and message in result.output, result.output
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {directory}"), result.output
+    assert message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
     assert list(tmp_path.iterdir()) == [directory]
+
+
+def configured(directory, **changes):
+    """`changes` made to a release's config.json."""
+    (directory / "config.json").write_text(json.dumps({**json.loads((directory / "config.json").read_text()),
+                                                       **changes}))
+
+
+def poisoned(directory):
+    """A NaN in a release's weights."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(directory / "model.safetensors")
+    weights["model.decoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
 
 
 def test_pickled_code_in_pytorch_model_bin_is_refused(released, tmp_path):
