@@ -167,13 +167,16 @@ def holds(output: Sequence[int], include: Sequence[Sequence[int]], avoid: Sequen
     """Whether `output` (target ids) is what a search with these phrases asks for: every phrase to
     `include` in it, beginning where a word does (not after a `joining` id, as in `Terms`), and no
     phrase to `avoid`."""
-    def at(phrase: Sequence[int]) -> list[int]:
-        n = len(phrase)
-        return [i for i in range(len(output) - n + 1) if list(output[i:i + n]) == list(phrase)]
-
     ends_word = [True] * len(output) if joining is None else (~joining[list(output)]).tolist()
     begins_word = [True, *ends_word]
-    return all(any(begins_word[i] for i in at(p)) for p in include if p) and not any(at(p) for p in avoid if p)
+    return all(any(begins_word[i] for i in positions(p, output)) for p in include if p) and \
+        not any(positions(p, output) for p in avoid if p)
+
+
+def positions(phrase: Sequence[int], ids: Sequence[int]) -> list[int]:
+    """Where `phrase` begins in `ids` (token ids)."""
+    n = len(phrase)
+    return [i for i in range(len(ids) - n + 1) if list(ids[i:i + n]) == list(phrase)]
 
 
 def _same_count(avoid: Sequence[Sequence[Sequence[int]]]) -> list[list[Sequence[int]]]:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.decode.constraints import Phrases
+from nmt_cli.decode.constraints import Phrases, positions
 from nmt_cli.decode.generator import Generator
 from nmt_cli.decode.pipeline import TextPipeline, joining_ids
 from nmt_cli.decode.records import Scored, Translation, attention_record
@@ -104,27 +104,51 @@ class Engine:
         sources = [self.source_ids(line, first_number + k) for k, line in enumerate(lines)]
         forced = None if prefixes is None else [self.prefix_ids(prefix, first_number + k)
                                                 for k, prefix in enumerate(prefixes)]
-        terms = self.phrases(sources, config, constraints, avoid, first_number)
-        return sources, self.search_ids(sources, config, forced, rng, first_number, terms)
+        terms = self.checked(sources, config, constraints, avoid, first_number)
+        found = self.search_ids(sources, config, forced, rng, first_number, terms)
+        for k, (phrases, hyps) in enumerate(zip(constraints or [], found)):
+            if lacking := self.missing(phrases, hyps[0].tokens if hyps else [], first_number + k):
+                self.warn(f"warning: line {first_number + k}: its translation lacks {', '.join(map(repr, lacking))} "
+                          "(a constraint not held)")
+        return sources, found
 
-    def phrases(self, sources: list[list[int]], config: SearchConfig, constraints: list[list[str]] | None,
+    def checked(self, sources: list[list[int]], config: SearchConfig, constraints: list[list[str]] | None,
                 avoid: list[list[str]] | None, first_number: int = 1) -> Phrases | None:
-        """The target ids of each line's phrases to include and to avoid (None: none given); a
-        line whose phrases cannot fit its output's length limit is warned once."""
+        """What a request asks of its lines (their source ids), checked: a --min-len above a line's
+        length limit, or a phrase to avoid inside a phrase to include, is refused naming the line
+        (no translation could do both); a line whose phrases cannot fit its length limit is warned
+        once. The target ids of each line's phrases to include and to avoid (None: none given)."""
+        number = range(first_number, first_number + len(sources))
+        limits = max_lengths(torch.tensor([len(s) for s in sources], dtype=torch.long), config,
+                             self.generator.models.max_positions).tolist()
+        for limit, n in zip(limits, number):
+            if config.min_len > limit:
+                raise NmtError(f"line {n}: --min-len {config.min_len} is more than its output may hold ({limit} "
+                               "tokens, from --max-len-a, --max-len-b, --max-len and the model's positions)")
         if not any(constraints or []) and not any(avoid or []):
             return None
         if config.sampling:
             raise NmtError("constraints apply to beam search, not with --sampling")
-        number = range(first_number, first_number + len(sources))
         include = [self.pipeline.phrase_ids(p, n) for p, n in zip(constraints or [[]] * len(sources), number)]
-        limits = max_lengths(torch.tensor([len(s) for s in sources]), config,
-                             self.generator.models.max_positions).tolist()
-        for ids, limit, n in zip(include, limits, number):
+        for ids, avoided, limit, n in zip(include, avoid or [[]] * len(sources), limits, number):
+            for phrase in avoided:
+                if (q := self.pipeline.phrase_ids([phrase], n)) and any(positions(q[0], p) for p in ids):
+                    raise NmtError(f"line {n}: {phrase!r} is to be avoided and is part of a phrase to include")
             if sum(map(len, ids)) > limit and not self._unfitting:
                 self.warn(f"warning: line {n}: its constraints ({sum(map(len, ids))} tokens) do not fit its output's "
                           f"length limit ({limit}): it is translated without some (warned once)")
                 self._unfitting = True
         return include, [self.pipeline.phrase_ids(p, n) for p, n in zip(avoid or [[]] * len(sources), number)]
+
+    def missing(self, phrases: list[str], output: list[int], number: int = 1) -> list[str]:
+        """The phrases to include (line `number`'s) that an `output` (target ids) lacks, one with a
+        token the model's vocabulary lacks (left out of the search) among them."""
+        lacking = []
+        for phrase in filter(str.strip, phrases):
+            ids = self.pipeline.phrase_ids([phrase], number)
+            if not ids or not self.generator.holds(output, ids):
+                lacking.append(phrase)
+        return lacking
 
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         """The token ids of a source line (`number`: its number in warnings)."""
@@ -146,9 +170,13 @@ class Engine:
                 found[k] = [Hypothesis(self.pipeline.prefix_alone(prefix, first_number + k), 0.0, 0.0)]
         return found
 
-    def translation(self, hypothesis: Hypothesis, alignment: dict[str, Any] | None = None) -> Translation:
+    def translation(self, hypothesis: Hypothesis, alignment: dict[str, Any] | None = None,
+                    phrases: list[str] | None = None, number: int = 1) -> Translation:
+        """A hypothesis as the API gives it back; with the `phrases` to include of its line
+        (`number`), those it lacks."""
         return Translation(self.pipeline.text(hypothesis.tokens), self.pipeline.tokens(hypothesis.tokens),
-                           hypothesis.score, hypothesis.log_prob, alignment)
+                           hypothesis.score, hypothesis.log_prob, alignment,
+                           None if phrases is None else self.missing(phrases, hypothesis.tokens, number))
 
     def alignment(self, source: list[int], hypothesis: Hypothesis) -> dict[str, Any]:
         """The cross-attention of the last decoder layer between a source (its ids) and a

@@ -53,6 +53,7 @@ class Generator:
         self.models = Ensemble(models, graphs=graphs, never=never)
         self.joining = torch.zeros(self.models.vocab_size, dtype=torch.bool, device=device)
         self.joining[list(joining)] = True
+        self.joining_on_host = self.joining.cpu()  # read per output line
         self.rng = torch.Generator(device)
         self.seed = seed
         if seed is not None:
@@ -87,13 +88,16 @@ class Generator:
                 results[i] = hyps
         return results
 
+    def holds(self, output: list[int], include: Sequence[Sequence[int]], avoid: Sequence[Sequence[int]] = ()) -> bool:
+        """constraints.holds, with the joining tokens of this generator's vocabulary."""
+        return holds(output, include, avoid, self.joining_on_host)
+
     def _plain_first(self, sources: list[list[int]], config: SearchConfig, prefixes: list[list[int]] | None,
                      terms: Phrases) -> list[list[Hypothesis]]:
         """--plain-first: each source's plain hypotheses where the best already holds its `terms`
         (constraints.holds), the others' searched again with them."""
-        found, joining = self.search(sources, config, prefixes), self.joining.cpu()  # read per line on the host
-        again = [i for i, hyps in enumerate(found) if hyps and not holds(hyps[0].tokens, terms[0][i], terms[1][i],
-                                                                          joining)]
+        found = self.search(sources, config, prefixes)
+        again = [i for i, hyps in enumerate(found) if hyps and not self.holds(hyps[0].tokens, terms[0][i], terms[1][i])]
         if again:
             def only(rows: list) -> list:
                 return [rows[i] for i in again]

@@ -17,13 +17,14 @@ from nmt_cli.errors import NmtError
 class Translation:
     """One hypothesis: its text (in the output format), subword tokens, score (log-probability
     over the length penalty, §6.1) and log-probability; its alignment where asked for
-    (`attention_record`'s)."""
+    (`attention_record`'s); with constraints, the phrases to include that it lacks."""
 
     text: str
     tokens: list[str]
     score: float
     log_prob: float
     alignment: dict[str, Any] | None = None
+    missing: list[str] | None = None
 
 
 @dataclass
@@ -39,8 +40,8 @@ class Scored:
 
 def translations_record(number: int, nbest: list[Translation]) -> dict[str, Any]:
     """A line's translations, best first ("translation": the best; empty for an empty line)."""
-    hypotheses = [{"text": t.text, "tokens": t.tokens, "score": round(t.score, 6), "log_prob": round(t.log_prob, 6)}
-                  for t in nbest]
+    hypotheses = [{"text": t.text, "tokens": t.tokens, "score": round(t.score, 6), "log_prob": round(t.log_prob, 6),
+                   **({"missing": t.missing} if t.missing is not None else {})} for t in nbest]
     return {"line": number, "translation": hypotheses[0]["text"] if hypotheses else "", "nbest": hypotheses}
 
 

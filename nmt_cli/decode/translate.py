@@ -57,7 +57,8 @@ def translate_lines(engine: Engine, lines: list[str], first_number: int = 1,
         if config.format == "text":
             outputs.append(engine.translation(hyps[0]).text if hyps else "")
             continue
-        record = translations_record(number, [engine.translation(h) for h in hyps])
+        record = translations_record(number, [engine.translation(h, phrases=constraints[k] if constraints else None,
+                                                                 number=number) for h in hyps])
         if weights is not None and config.attention:
             record["attention"] = attention_record(weights, config.attention_layer, labels)
         outputs.append(json.dumps(record, ensure_ascii=False))

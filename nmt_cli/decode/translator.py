@@ -212,8 +212,9 @@ class Translator:
         config = self.search_config(**search)
         sources, found = self.engine.search(lines, config, prefixes, rng=self.engine.stream(config, search),
                                      constraints=constraints, avoid=avoid)
-        return [[self.engine.translation(h, self.engine.alignment(source, h) if attention else None) for h in hyps]
-                for source, hyps in zip(sources, found)]
+        return [[self.engine.translation(h, self.engine.alignment(source, h) if attention else None,
+                                         constraints[k] if constraints else None, k + 1) for h in hyps]
+                for k, (source, hyps) in enumerate(zip(sources, found))]
 
     @spelled_out(SearchOptions)
     def translate_iter(self, lines: Iterable[str], chunk_lines: int = CHUNK_LINES,

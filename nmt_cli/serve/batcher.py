@@ -123,7 +123,7 @@ class Batcher:
                 if tokens > limit:
                     raise RequestTooLarge(f"sentences 1 to {number} come to {tokens} source tokens, more than the "
                                           f"server's --max-source-tokens {limit}")
-            job.terms = job.engine.phrases(job.sources, job.search, job.constraints, job.avoid)
+            job.terms = job.engine.checked(job.sources, job.search, job.constraints, job.avoid)
         except Exception as e:  # noqa: BLE001 (the request fails, the server keeps serving)
             job.done.set_exception(e)
             return
@@ -206,7 +206,8 @@ class Batcher:
         self.searched(len(found), sum(map(len, sources)), sum(len(hyps[0].tokens) for hyps in found if hyps))
         self._take(timeout=0)  # those that came during the search go before a request cut short
         for (job, k), hyps in zip(picked, found):
-            job.found[k] = [engine.translation(h) for h in hyps]
+            job.found[k] = [engine.translation(h, phrases=job.constraints[k] if job.constraints else None,
+                                               number=k + 1) for h in hyps]
             if job.attention and hyps:
                 job.found[k][0].alignment = engine.alignment(job.sources[k], hyps[0])
         for job, count in taken:

@@ -94,14 +94,18 @@ class Service:
             _, found = await self.translations(pair, asked.options(self.engines[pair].config.search.beam), asked.lines)
             return asked.answer(found, pair[0])
         ours = parse(body, self.config)
-        search, found = await self.translations(self.pair_of(ours.source, ours.target), options(ours), ours.text,
-                                                ours.prefixes, bool(ours.attention), ours.constraints, ours.avoid)
+        pair = self.pair_of(ours.source, ours.target)
+        search, found = await self.translations(pair, options(ours), ours.text, ours.prefixes, bool(ours.attention),
+                                                ours.constraints, ours.avoid)
         result: dict[str, Any] = {"translations": [hyps[0].text if hyps else "" for hyps in found]}
         if search.nbest > 1:
             result["nbest"] = [[{"text": h.text, "score": round(h.score, 6), "log_prob": round(h.log_prob, 6)}
                                 for h in hyps] for hyps in found]
         if ours.attention:
             result["alignments"] = [hyps[0].alignment if hyps else None for hyps in found]
+        if ours.constraints:  # a phrase not held is said, not dropped in silence
+            result["missing"] = [hyps[0].missing if hyps else self.engines[pair].missing(phrases, [], k)
+                                 for k, (phrases, hyps) in enumerate(zip(ours.constraints, found), start=1)]
         return result
 
     async def refusal(self, request: Request) -> Response | None:

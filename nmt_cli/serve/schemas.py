@@ -78,6 +78,8 @@ class TranslateResponse(BaseModel):
                                                                       "best first.")
     alignments: list[Alignment | None] | None = Field(None, description="With attention: each best translation's "
                                                                           "(null for an empty sentence).")
+    missing: list[list[str]] | None = Field(None, description="With constraints: the phrases each best translation "
+                                                              "lacks (none where every one is held).")
 
 
 class ErrorResponse(BaseModel):

@@ -12,6 +12,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.decode.constraints import Terms, holds
 from nmt_cli.decode.ensemble import Ensemble
 from nmt_cli.decode.search import beam_search
+from nmt_cli.errors import NmtError
 
 CPU = torch.device("cpu")
 
@@ -145,6 +146,12 @@ def test_terms_from_the_api_the_command_line_and_the_server(tmp_path):
                                                       "beam": 4, "max_len_b": 10, "plain_first": True})
         assert status == 200 and answer["translations"] == translator.translate(lines, constraints=include,
                                                                                 avoid=avoid, plain_first=True)
+        status, answer = request(url + "/translate", {"text": ["a b", "c"], "constraints": [["zz9", "a"], []],
+                                                      "max_len_b": 10})
+        assert status == 200 and answer["missing"] == [["zz9"], []]  # a phrase not held is said, line by line
+        status, answer = request(url + "/translate", {"text": ["a", "b"], "constraints": [["a"], ["b c d"]],
+                                                      "avoid": [[], ["c d"]]})
+        assert status == 422 and answer["error"] == "line 2: 'c d' is to be avoided and is part of a phrase to include"
         status, answer = request(url + "/translate", {"text": lines, "constraints": include[:2]})
         assert status == 400 and "2 lists of constraints for 5 sentences" in answer["error"]
         status, answer = request(url + "/translate", {"text": lines, "avoid": avoid, "sampling": True})
@@ -186,7 +193,7 @@ def test_plain_first_keeps_what_holds_its_phrases_and_searches_the_rest_again(tm
         assert refused.exit_code == 2 and "--plain-first applies only to beam search with --nbest 1" in refused.output
 
 
-def test_a_phrase_the_vocabulary_lacks_or_too_long_a_line_of_them_is_warned_once(tmp_path):
+def test_why_phrases_are_left_out_is_warned_once_and_each_line_that_lacks_one_each_time(tmp_path):
     from conftest import tiny_checkpoint
 
     from nmt_cli.decode.translator import Translator
@@ -199,7 +206,27 @@ def test_a_phrase_the_vocabulary_lacks_or_too_long_a_line_of_them_is_warned_once
     assert warnings == ["warning: line 1: the phrase 'zz9' has a token the model's vocabulary lacks: left out "
                         "(warned once)",
                         "warning: line 2: its constraints (5 tokens) do not fit its output's length limit (3): it is "
-                        "translated without some (warned once)"]
+                        "translated without some (warned once)",
+                        "warning: line 1: its translation lacks 'zz9' (a constraint not held)",
+                        "warning: line 2: its translation lacks 'a b c d e' (a constraint not held)",
+                        "warning: line 3: its translation lacks 'zz8', 'e f g h' (a constraint not held)"]
+    warnings.clear()
+    translator.translate(["a b"], constraints=[["zz9"]])
+    assert warnings == ["warning: line 1: its translation lacks 'zz9' (a constraint not held)"]  # each time
+
+
+def test_what_no_translation_could_do_is_refused_naming_the_line(tmp_path):
+    """A phrase to avoid inside a phrase to include; a --min-len above a line's length limit."""
+    from conftest import tiny_checkpoint
+
+    from nmt_cli.decode.translator import Translator
+
+    translator = Translator.load(tiny_checkpoint(tmp_path / "m.pt"), device="cpu", max_len_a=1.0, max_len_b=2)
+    with pytest.raises(NmtError, match="^line 2: 'c d' is to be avoided and is part of a phrase to include$"):
+        translator.translate(["a", "b"], constraints=[["a"], ["b c d e"]], avoid=[["c d"], ["c d"]])
+    with pytest.raises(NmtError, match="^line 2: --min-len 5 is more than its output may hold \\(4 tokens, from "):
+        translator.translate(["a b c", "a b"], min_len=5)
+    assert translator.translate(["a b c"], min_len=5)
 
 
 def test_a_phrase_begins_where_a_word_does():

@@ -37,7 +37,7 @@ class Recorder:
     def source_ids(self, line: str, number: int = 1) -> list[int]:
         return [int(word) for word in line.split()]
 
-    def phrases(self, sources, config, constraints, avoid):
+    def checked(self, sources, config, constraints, avoid):
         return None if constraints is None and avoid is None else (constraints or [[]] * len(sources),
                                                                     avoid or [[]] * len(sources))
 
@@ -54,7 +54,7 @@ class Recorder:
             raise failure
         return [[Hypothesis(ids, 0.0, 0.0)] for ids in sources]
 
-    def translation(self, hypothesis: Hypothesis) -> Translation:
+    def translation(self, hypothesis: Hypothesis, phrases: list[str] | None = None, number: int = 1) -> Translation:
         return Translation(" ".join(map(str, hypothesis.tokens)), [], 0.0, 0.0)
 
     def stream(self, config: SearchConfig) -> None:  # the stream of a seeded request (none here)
