@@ -40,6 +40,7 @@ from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.model.released import Released
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.text.vocab import PAD_ID
+from nmt_cli.train.agreement import agree, data_facts, option_facts, start_facts
 from nmt_cli.train.epochs import EpochPlan, load_splits, same_updates
 from nmt_cli.train.peers import rank_map
 from nmt_cli.train.progress import Progress, Stop
@@ -194,7 +195,7 @@ class TrainingRun:
             config = dataclasses.replace(config, precision=fastest_precision(data_dir, model_config, config))
         self.config, self.save_dir = config, Path(save_dir)
         self.runtime = set_up_runtime(config)
-        with self.ending_on_loss():
+        with self.runtime.closed_on_failure(), self.ending_on_loss():
             self._build(data_dir, model_config, reset, init_from, progress_bar)
 
     def _build(self, data_dir: Path, model_config: ModelConfig, reset: bool, init_from: Path | None,
@@ -205,6 +206,7 @@ class TrainingRun:
         self.data = {"directory": str(data.path.resolve()), "inputs": data.meta.get("inputs"),
                      "pairs": {name: split["pairs_out"] for name, split in data.meta["splits"].items()}}
         src_vocab, tgt_vocab = data.vocabularies()
+        agree({**option_facts(model_config, config, reset, init_from), **data_facts(data)}, self.runtime.world)
         self.pad_multiple = 8 if self.runtime.device.type == "cuda" else 1
         self.train, self.valid, self.batches, self.valid_batches, samples, self.buckets = load_splits(
             data, config, self.pad_multiple, model_config.max_positions)
@@ -232,6 +234,7 @@ class TrainingRun:
                                              self.runtime.rank)
         else:
             torch.manual_seed(config.seed + self.runtime.rank)  # dropout differs per process
+        agree(start_facts(self.model, self.progress.updates), self.runtime.world)
         self.resumed = state is not None
         self.guard, self.read_every = SkipGuard(self.trainer, self.progress, self.log), steps_between_reads(
             self.runtime.device)

@@ -3,8 +3,10 @@ among the processes (the process group and the heartbeat that notices a lost one
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +42,24 @@ class Runtime:
         value = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return value.tolist()
+
+
+    @contextlib.contextmanager
+    def closed_on_failure(self) -> Iterator[None]:
+        """`close` when the block fails (a run that could not start)."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Leave the run: stop beating, marked done, and leave the process group (a process that
+        ends with its group and heartbeat still up is aborted by them at exit)."""
+        if self.peers is not None:
+            self.peers.close()
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def set_up_runtime(config: TrainConfig) -> Runtime:

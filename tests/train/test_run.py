@@ -321,11 +321,12 @@ main()
 """
 
 
-def two_nodes(tmp_path, data, updates, weights, c10d=False):
+def two_nodes(tmp_path, data, updates, weights, c10d=False, node_1=(), data_1=None, codes=(0, 0)):
     """Two torchrun invocations as two nodes on this machine, every rank's final weights written
     to `weights`/RANK.pt. Static rendezvous: node 0 and node 1 each have a save directory of
     their own, as if local to it (node0/, node1/); c10d rendezvous (which numbers the nodes
-    itself): both save to node0/, as if shared."""
+    itself): both save to node0/, as if shared. `node_1`, `data_1`: node 1's own options (the
+    last of an option given twice wins) and data; `codes`: the exit codes expected."""
     import subprocess
     import sys
 
@@ -341,12 +342,30 @@ def two_nodes(tmp_path, data, updates, weights, c10d=False):
                   for node in (0, 1)}
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *rendezvous[node],
-         str(script), *cli_train(data, tmp_path / f"node{0 if c10d else node}", "--max-updates", str(updates),
-                                 "--max-tokens", "190")[2:]],
+         str(script), *cli_train(data_1 if node and data_1 else data, tmp_path / f"node{0 if c10d else node}",
+                                 "--max-updates", str(updates),
+                                 "--max-tokens", "190")[2:], *(map(str, node_1) if node else ())],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
     logs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    assert [node.returncode for node in nodes] == list(codes), "\n".join(logs)
     return logs
+
+
+@pytest.mark.slow
+def test_two_nodes_that_disagree_end_at_once_with_the_difference_and_ranks(tmp_path):
+    """Other options, or another data directory of the same size: both nodes end at the start with
+    the same line, not a traceback or a time-out, nor silently diverging replicas."""
+    import time
+
+    data, other = synthetic_data_dir(tmp_path), synthetic_data_dir(tmp_path / "other", seed=1)
+    start = time.monotonic()
+    for node_1, data_1, difference in ((["--lr-scale", 5, "--dropout", 0.3], None, "--dropout: 0.0 on rank 0; 0.3 on "
+                                                                                    "rank 1"),
+                                       (["--dist-timeout", 300, "--threads", 1], other, "the data directory's files")):
+        logs = two_nodes(tmp_path, data, 4, tmp_path / "w", node_1=node_1, data_1=data_1, codes=(1, 1))
+        for log in logs:  # (torchrun's agent prints its own traceback of a failed worker)
+            assert f"Error: the processes disagree on {difference}" in log and "/nmt_cli/" not in log, log
+    assert time.monotonic() - start < 120  # at the start, not after a --dist-timeout
 
 
 @pytest.mark.slow
