@@ -361,6 +361,9 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_and_keeps_its_release(rel
     (lambda d: configured(d, bad_words_ids="x"), "config.json: bad_words_ids x: expected lists of ids"),
     (lambda d: configured(d, vocab_size=100), "config.json: vocab_size 100, where vocab.json holds 54,688 tokens"),
     (lambda d: poisoned(d), ": tensor decoder_layers.0.ffn.w1.weight holds NaN or infinite values"),
+    (lambda d: declaring(d, (1 << 20, 1 << 20)), "model.safetensors: unreadable or truncated (tensor "),
+    (lambda d: (d / "model.safetensors").write_bytes((1 << 62).to_bytes(8, "little") + b"{}"),
+     "model.safetensors: unreadable or truncated (a header of 4,611,686,018,427,387,904 bytes in a file of 10)"),
 ])
 def test_a_damaged_release_is_refused_in_one_line_and_nothing_is_written(released, tmp_path, damage, message):
     """Each refusal names the release's file (not the output), before anything is written."""
@@ -387,6 +390,18 @@ def poisoned(directory):
     weights = load_file(directory / "model.safetensors")
     weights["model.decoder.layers.0.fc1.weight"][0, 0] = float("nan")
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+
+
+def declaring(directory, shape):
+    """model.safetensors whose header declares one tensor of `shape` (float32), nothing else changed:
+    refused before anything is allocated."""
+    data = (directory / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    name = next(name for name in header if name != "__metadata__")
+    header[name]["shape"] = list(shape)
+    text = json.dumps(header).encode()
+    (directory / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size:])
 
 
 def test_pickled_code_in_pytorch_model_bin_is_refused(released, tmp_path):
