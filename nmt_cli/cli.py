@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
-from nmt_cli.command import Group
+from nmt_cli.command import Group, changed_flags, given_flags
 from nmt_cli.config import FROM_DATA_DECIDES, PreprocessConfig, SearchConfig, TextConfig, TrainConfig
 from nmt_cli.corpus.report import print_summary, print_table
-from nmt_cli.flags import build, build_model_config, config_options, fields_of, given_flags, model_options
+from nmt_cli.flags import build, build_model_config, config_options, fields_of, model_options
 from nmt_cli.interop.card import CardConfig
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.options import flag_name
@@ -44,7 +44,7 @@ def info(arch: str, vocab_size: int, tgt_vocab_size: int | None, model: Path | N
 
     With Table 3's count when the architecture is a row of the paper."""
     if model is not None:
-        given = sorted(given_flags() - {"model", "as_json"})
+        given = sorted(changed_flags() - {"model", "as_json"})
         if given:
             raise click.UsageError(f"--{given[0].replace('_', '-')} describes an architecture; -m describes the "
                                    "checkpoint's own")
@@ -106,7 +106,7 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
     reusing = "--from-data" if from_data is not None else "--from-model" if from_model is not None else None
     if reusing:
         fields = {**PreprocessConfig.__dataclass_fields__, **TextConfig.__dataclass_fields__}
-        decided = [name for name in sorted(given_flags()) if name in FROM_DATA_DECIDES
+        decided = [name for name in sorted(changed_flags()) if name in FROM_DATA_DECIDES
                    or name in TextConfig.__dataclass_fields__ and name not in ("source_lang", "target_lang")]
         if decided:
             raise click.UsageError(f"{flag_name(fields[decided[0]])} applies only without {reusing} (the "
@@ -179,7 +179,17 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
     click.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}", err=True)
 
 
-@main.command()
+def model_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """The search settings of the first model given, which `nmt translate` runs with where no flag
+    sets them (an imported release's, else none)."""
+    from nmt_cli.model.checkpoint import load
+    from nmt_cli.model.released import Released
+
+    models = params.get("models") or ()
+    return Released.from_dict(load(models[0]).get("released")).search if models else {}
+
+
+@main.command(inputs_decide=model_defaults)
 @click.option("-m", "--model", "models", multiple=True, required=True,
               type=click.Path(exists=True, path_type=Path),
               help="Checkpoint; repeat for an ensemble (probabilities averaged each step).")
@@ -210,7 +220,7 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
 
     search = build(SearchConfig, **fields_of(SearchConfig, options))
     config = build(TranslateConfig, run=build(RunConfig, search=search, **fields_of(RunConfig, options)), **options)
-    searching = sorted(given_flags() & set(SearchConfig.__dataclass_fields__) - {"lenpen", "lenpen_form"})
+    searching = sorted(changed_flags() & set(SearchConfig.__dataclass_fields__) - {"lenpen", "lenpen_form"})
     if config.score_reference and searching:
         raise click.UsageError(f"{flag_name(SearchConfig.__dataclass_fields__[searching[0]])} applies only to "
                                "translation, not with --score-reference (--lenpen and --lenpen-form set its scores' "
@@ -288,7 +298,7 @@ def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...]
 
     config = build(ExportConfig, **fields_of(ExportConfig, options))
     card = fields_of(CardConfig, options)
-    if config.format != "transformers" and (given := sorted(given_flags() & {"evaluations", *card})):
+    if config.format != "transformers" and (given := sorted(changed_flags() & {"evaluations", *card})):
         flag = "--eval" if given[0] == "evaluations" else flag_name(CardConfig.__dataclass_fields__[given[0]])
         raise click.UsageError(f"{flag} applies only to --format transformers")
     output = destination(output, "export", inputs=[model, *filter(None, [config.shortlist]), *sum(evaluations, ())])

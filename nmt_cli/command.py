@@ -5,6 +5,7 @@ named in --help; and the library's errors printed as one line."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,14 @@ DUMP = "nmt_cli.dump_config"  # ctx.meta: --dump-config was given
 
 class Command(click.Command):
     """A command with --config and --dump-config; its --help ends with its page in docs/ (`page`:
-    the page's name, by default the command's)."""
+    the page's name, by default the command's). `inputs_decide`: the defaults its inputs set in
+    place of the toolkit's (a model's own search settings), which --dump-config shows."""
 
-    def __init__(self, name: str | None, *args: Any, page: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, name: str | None, *args: Any, page: str | None = None,
+                 inputs_decide: Callable[[dict[str, Any]], dict[str, Any]] | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("epilog", f"Reference: docs/{page or name}.md in nmt-cli's source.")
         super().__init__(name, *args, **kwargs)
+        self.inputs_decide = inputs_decide
         self.params.append(click.Option(
             ["--config"], type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
             expose_value=False, callback=read_config,
@@ -32,9 +36,26 @@ class Command(click.Command):
             callback=lambda ctx, _, on: ctx.meta.update({DUMP: on}),
             help="Print the options this command would run with, as a --config file, and exit."))
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """With --dump-config, no argument is required: the dump shows what is given and the defaults."""
+        if "--dump-config" not in args:
+            return super().parse_args(ctx, args)
+        required = [param for param in self.params if param.required]
+        for param in required:
+            param.required = False
+        try:
+            return super().parse_args(ctx, args)
+        finally:
+            for param in required:
+                param.required = True
+
     def invoke(self, ctx: click.Context) -> Any:
         if ctx.meta.get(DUMP):
-            click.echo(dump_config(self, ctx.params), nl=False)
+            decided = self.inputs_decide(ctx.params) if self.inputs_decide else {}
+            given = given_flags()
+            params = {**ctx.params, **{name: value for name, value in decided.items()
+                                       if name in ctx.params and name not in given}}
+            click.echo(dump_config(self, params), nl=False)
             return None
         return super().invoke(ctx)
 
@@ -157,7 +178,7 @@ def config_value(ctx: click.Context, param: click.Parameter, value: Any, where: 
 
 def dump_config(command: click.Command, params: dict[str, Any]) -> str:
     """`params` as a YAML config file of `command`: each set value under its long option name
-    (unset ones, None, left out)."""
+    (unset ones left out: None, and a required option's empty list)."""
     import yaml
 
     names: dict[str, str] = {}
@@ -165,7 +186,7 @@ def dump_config(command: click.Command, params: dict[str, Any]) -> str:
         if not negated:
             names.setdefault(name, key)  # its first long option name
     plain = {names[param.name]: as_written(params[param.name]) for param in command.params
-             if param.name in names and params.get(param.name) is not None}
+             if param.name in names and params.get(param.name) not in (None, () if param.required else None)}
     return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
@@ -176,3 +197,23 @@ def as_written(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [as_written(v) for v in value]
     return value
+
+
+def given_flags() -> set[str]:
+    """The parameters of the current command that the user gave: on the command line, in the
+    environment, or in a --config file (whatever its value: a file says what a flag says)."""
+    ctx = click.get_current_context()
+    sources = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT,
+               click.core.ParameterSource.DEFAULT_MAP)
+    return {name for name in ctx.params if ctx.get_parameter_source(name) in sources}
+
+
+def changed_flags() -> set[str]:
+    """The given parameters (`given_flags`) but those a --config file sets to their default: what
+    a refusal of an option that does not apply looks at, so that a --dump-config file, which holds
+    every default, reads back."""
+    ctx = click.get_current_context()
+    defaults = {param.name: param.default for param in ctx.command.params}
+    from_file = click.core.ParameterSource.DEFAULT_MAP
+    return {name for name in given_flags() if ctx.get_parameter_source(name) is not from_file
+            or as_written(ctx.params[name]) != as_written(defaults.get(name))}

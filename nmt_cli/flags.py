@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from nmt_cli.command import as_written
+from nmt_cli.command import changed_flags
 from nmt_cli.model.architecture import PRESETS, ModelConfig
 from nmt_cli.options import check_applies, knob_problem
 
@@ -108,23 +108,10 @@ def build(cls: type, **values: Any) -> Any:
     does not apply, is a usage error."""
     try:
         config = cls(**{k: v for k, v in values.items() if v is not None})
-        check_applies(config, given_flags())
+        check_applies(config, changed_flags())
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     return config
-
-
-def given_flags() -> set[str]:
-    """The parameters of the current command that the user set (not left at their default): on
-    the command line, or in a --config file to other than its default (so that --dump-config's
-    file, which holds every default, reads back)."""
-    ctx = click.get_current_context()
-    sources = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
-    defaults = {param.name: param.default for param in ctx.command.params}
-    return {name for name, value in ctx.params.items() if ctx.get_parameter_source(name) in sources
-            or (ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT_MAP
-                and as_written(value) != as_written(defaults.get(name)))}
-
 
 
 def model_options(command: Callable) -> Callable:

@@ -134,3 +134,9 @@ def test_an_empty_config_file_sets_nothing_and_an_unreadable_one_is_one_line(tmp
     (tmp_path / "latin1.yaml").write_bytes("beam: 4 # \xe9t\xe9\n".encode("latin-1"))
     result = cli("translate", "--config", tmp_path / "latin1.yaml")
     assert result.exit_code == 1 and result.output.startswith(f"Error: {tmp_path / 'latin1.yaml'}: not UTF-8 text (")
+
+
+def test_the_configuration_dumps_without_the_required_arguments():
+    dumped = cli("translate", "--dump-config")
+    assert dumped.exit_code == 0 and "beam: 4" in dumped.stdout.splitlines() and "model:" not in dumped.stdout
+    assert cli("translate").exit_code == 2  # still required to run

@@ -129,6 +129,23 @@ def test_the_released_settings_are_the_checkpoints_search(released):
     assert about["subwords"] == "SentencePiece (one model per side)" and "swish" in about["architecture"]
 
 
+def test_a_config_file_sets_the_toolkits_defaults_over_the_releases(released, tmp_path):
+    """A file's value is given as a flag's is, even where it equals nmt-cli's default; the dump
+    shows what translate runs with: the release's settings where nothing else is given."""
+    model = released[0] / "imported.pt"
+    dumped = cli("translate", "-m", model, "--dump-config").stdout
+    assert all(line in dumped.splitlines() for line in ("beam: 4", "lenpen: 1.0", "lenpen-form: length",
+                                                        "stopping: heuristic", "max-len-a: 0.0", "max-len-b: 510"))
+    (tmp_path / "c.yaml").write_text("max-len-a: 1.0\nmax-len-b: 50\nbeam: 1\n")
+    dumped = cli("translate", "-m", model, "--config", tmp_path / "c.yaml", "--dump-config").stdout.splitlines()
+    assert "max-len-a: 1.0" in dumped and "max-len-b: 50" in dumped and "beam: 1" in dumped
+    line = "A man in a red shirt is riding a bicycle down the street.\n"
+    by_file = cli("translate", "-m", model, "--config", tmp_path / "c.yaml", "--device", "cpu", input=line)
+    by_flags = cli("translate", "-m", model, "--max-len-a", 1.0, "--max-len-b", 50, "--beam", 1, "--device", "cpu",
+                   input=line)
+    assert by_file.exit_code == by_flags.exit_code == 0 and by_file.stdout == by_flags.stdout, by_file.output
+
+
 @pytest.mark.slow
 def test_scores_are_marian_mt_models(any_release, tmp_path):
     tmp, model, tokenizer, translator = any_release
