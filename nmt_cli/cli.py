@@ -11,7 +11,7 @@ import click
 
 from nmt_cli.command import Group, changed_flags, given_flags
 from nmt_cli.config import FROM_DATA_DECIDES, PreprocessConfig, SearchConfig, TextConfig, TrainConfig
-from nmt_cli.corpus.report import print_summary, print_table
+from nmt_cli.corpus.report import filter_warnings, print_summary, print_table
 from nmt_cli.flags import build, build_model_config, config_options, fields_of, model_options
 from nmt_cli.interop.card import CardConfig
 from nmt_cli.model.architecture import ModelConfig
@@ -123,6 +123,8 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
         data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
     if not quiet:
         print_summary(data)
+    for line in filter_warnings(data):
+        click.echo(line, err=True)
 
 
 @main.command()

@@ -306,9 +306,11 @@ class PreprocessConfig(Options):
                                        "decides the vocabulary)"))
     padding_factor: int = knob(8, "Pad built vocabularies with unused entries to a multiple of this "
                                 "(fast matrix shapes).", min=1, max=1024, only_if=_BUILT_VOCABULARY)
-    max_len: int = knob(250, "Drop training pairs with a side longer than this many BPE tokens.", min=1)
-    max_len_ratio: float = knob(1.5, "Drop training pairs whose word counts differ by more than this ratio "
-                                 "(Moses clean-corpus).", min=1.0)
+    max_len: int = knob(250, "Drop training pairs with a side longer than this many tokens (Moses' words, then "
+                              "BPE's subwords; or SentencePiece's pieces).", min=1)
+    max_len_ratio: float = knob(1.5, "Drop training pairs whose sides' token counts (Moses' words, or SentencePiece's "
+                                 "pieces) differ by more than this ratio (Moses clean-corpus); more than a tenth "
+                                 "dropped is warned of.", min=1.0)
     workers: int = field(default_factory=_cores, metadata={
         "help": "Processes for tokenization, BPE and binarization (all usable cores by default).", "min": 1,
         "max": 1024})

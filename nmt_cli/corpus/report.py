@@ -55,6 +55,25 @@ def print_summary(data: DataDir) -> None:
     console.print("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["timings"].items()))
 
 
+FILTERS = {"length_ratio": ("max_len_ratio", "--max-len-ratio", "sides whose token counts differ by more than that"),
+           "too_long": ("max_len", "--max-len", "a side longer than that many tokens")}
+
+
+def filter_warnings(data: DataDir) -> list[str]:
+    """A line for each filter that dropped more than a tenth of the training pairs, naming its flag."""
+    train = data.meta["splits"].get("train")
+    if train is None:
+        return []
+    unit, lines = "SentencePiece pieces" if data.text.sentencepiece else "Moses words", []
+    for reason, (key, flag, why) in FILTERS.items():
+        dropped, read = train["dropped"].get(reason, 0), train["pairs_in"]
+        if dropped > read / 10:
+            lines.append(f"warning: {dropped:,} of {read:,} training pairs ({dropped / read:.0%}) dropped by {flag} "
+                         f"{data.meta['filter'][key]:g} ({why}, in {unit}): raise it where the languages' or "
+                         "subwords' lengths differ")
+    return lines
+
+
 def print_table(title: str, rows: Iterable[tuple[str, str]]) -> None:
     """A two-column table of names and values (`nmt info`)."""
     from rich.console import Console

@@ -57,6 +57,10 @@ def test_filtering_counts_and_kept_pairs(tmp_path):
     train = meta["splits"]["train"]
     assert train["pairs_in"] == 7 and train["pairs_out"] == 3
     assert train["dropped"] == {"empty": 2, "too_long": 1, "length_ratio": 1}
+    for flag, why in (("--max-len-ratio 2", "sides whose token counts differ by more than that"),
+                      ("--max-len 20", "a side longer than that many tokens")):  # each a seventh: warned of
+        assert f"warning: 1 of 7 training pairs (14%) dropped by {flag} ({why}, in Moses words): raise it" \
+            in result.stderr
     kept = [" ".join(t).replace("@@ ", "") for t in read_split(tmp_path / "out", "train", "en")]
     assert kept == ["the red cat", "a dog", "cats sit on mats"]
 
