@@ -118,7 +118,8 @@ def preprocess(from_data: Path | None, from_model: Path | None, quiet: bool, **o
             options.update(reused)
         elif from_model is not None:
             text, reused = model_pipeline(from_model, Path(files), text.source_lang, text.target_lang,
-                                          warn=lambda message: click.echo(message, err=True))
+                                          warn=lambda message: click.echo(message, err=True),
+                                          sample=options.get("trainpref"))
             options.update(reused)
         data = preprocess(build(PreprocessConfig, text=text, progress=not quiet, **options))
     if not quiet:

@@ -1,23 +1,38 @@
 """`nmt preprocess --from-model`: data prepared as a model reads its text (its tokenizer settings,
-subword models and vocabularies), to fine-tune it on with `nmt train --init-from`."""
+subword models and vocabularies), to fine-tune it on with `nmt train --init-from`; data in other
+languages than the model's, or that its subwords cut far worse than the text they were made for,
+is warned of (fine-tuning then starts far from what the model learned)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.lines import input_path, read_lines
+from nmt_cli.text.processor import TextProcessor
+from nmt_cli.text.vocab import UNK_ID
+
+if TYPE_CHECKING:
+    from nmt_cli.model.checkpoint import ModelBundle  # torch: only when a model is read
 
 
-def model_pipeline(checkpoint: Path, directory: Path, src: str, tgt: str,
-                   warn: Callable[[str], None] = print) -> tuple[TextConfig, dict[str, Any]]:
+SAMPLE_LINES = 1000  # of each side of the training data, to see how the model's subwords cut it
+PIECES_PER_WORD = 2.0  # a model's subwords on its own languages: about 1.1 to 1.5 a word
+UNKNOWN_SHARE = 0.01
+
+
+def model_pipeline(checkpoint: Path, directory: Path, src: str, tgt: str, warn: Callable[[str], None] = print,
+                   sample: Path | None = None) -> tuple[TextConfig, dict[str, Any]]:
     """`nmt preprocess --from-model`: the checkpoint's text settings, and its BPE codes (or
     SentencePiece models) and vocabularies written into `directory` as PreprocessConfig fields.
     The languages are the files' suffixes; with Moses they must be the model's own, with
-    SentencePiece others are warned of (the model's subwords were made for its own)."""
+    SentencePiece others are warned of (the model's subwords were made for its own), as is
+    training data at prefix `sample` that they cut badly (`cut_warnings`)."""
     from nmt_cli.model.checkpoint import load_bundle  # torch: only when a model is read
 
     bundle = load_bundle(checkpoint)
@@ -30,6 +45,8 @@ def model_pipeline(checkpoint: Path, directory: Path, src: str, tgt: str,
              "its vocabularies and subwords were made for its own languages (the summary's token counts and "
              "unknown rates say how well they cut this data)")
         text = dataclasses.replace(text, source_lang=src, target_lang=tgt)
+    for line in cut_warnings(bundle, text, sample) if sample is not None else ():
+        warn(line)
     files: dict[str, Any] = {"bpe_merges": 0}
     for key, name, content in (("bpe_codes", "bpe.codes", bundle.bpe_codes),
                                ("sentencepiece_model", "spm.model", bundle.sentencepiece),
@@ -45,3 +62,23 @@ def model_pipeline(checkpoint: Path, directory: Path, src: str, tgt: str,
         files[key] = directory / f"{key}.txt"
         vocab.save(files[key])
     return text, files
+
+
+def cut_warnings(bundle: ModelBundle, text: TextConfig, prefix: Path) -> list[str]:
+    """A warning for each side of the training data at `prefix` (its first SAMPLE_LINES lines)
+    that the model's subwords cut into more than PIECES_PER_WORD tokens a word, or into more than
+    UNKNOWN_SHARE unknown ones."""
+    found = []
+    for side, lang, vocab in (("source", text.source_lang, bundle.src_vocab),
+                              ("target", text.target_lang, bundle.tgt_vocab)):
+        processor, path = TextProcessor(text, lang, bundle.bpe_codes, bundle.pieces(side)), input_path(prefix, lang)
+        words = tokens = unknown = 0
+        for line in itertools.islice(read_lines(path), SAMPLE_LINES):
+            pieces = processor.encode(line)
+            words, tokens, unknown = words + len(line.split()), tokens + len(pieces), \
+                unknown + vocab.encode(pieces).count(UNK_ID)
+        if words and tokens and (tokens / words > PIECES_PER_WORD or unknown / tokens > UNKNOWN_SHARE):
+            found.append(f"warning: {path}: the model's subwords cut it into {tokens / words:.1f} tokens a word, "
+                         f"{unknown / tokens:.1%} of them unknown (on the text they were made for: about 1.1 to 1.5, "
+                         "and none): fine-tuning starts far from what the model learned")
+    return found

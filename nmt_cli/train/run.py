@@ -223,7 +223,7 @@ class TrainingRun:
         self.checkpoints = SaveDir(self.save_dir, self.runtime, config.keep_last, (src_vocab, tgt_vocab))
         state = None if reset else self.checkpoints.resume(self.model)
         if state is None and init_from is not None:
-            self.bundle.released = self.checkpoints.initialize(self.model, init_from)
+            self.bundle.released = self.checkpoints.initialize(self.model, init_from, data.text, self.log.log)
         elif state is not None:
             self.bundle.released = Released.from_dict(state.get("released"))  # a fine-tuned model's release
         self.trainer = Trainer(self.model, config, self.runtime)

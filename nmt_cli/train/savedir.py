@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import replacing
 from nmt_cli.model import checkpoint as ckpt
@@ -131,11 +132,17 @@ class SaveDir:
             return sent[0]
         return state if self.runtime.main else ckpt.load(self.last)
 
-    def initialize(self, model: Transformer, path: Path) -> Released:
+    def initialize(self, model: Transformer, path: Path, text: TextConfig, warn: Callable[[str], None]) -> Released:
         """--init-from: the weights of `path` (same vocabularies, same shapes), nothing else but
-        what it keeps of its release (search settings; `nmt import`), which is returned."""
+        what it keeps of its release (search settings; `nmt import`), which is returned. A model
+        of other languages than the data's (`text`) is warned of."""
         state = ckpt.load(path)
         self._check_vocabularies(state, path, "--init-from needs the same vocabulary")
+        own, data = (tuple(str(texts.get(key)) for key in ("source_lang", "target_lang"))
+                     for texts in (state["text_config"], text.to_dict()))
+        if own != data:
+            warn(f"warning: {path} translates {'-'.join(own)}, the data is {'-'.join(data)}: the model "
+                 "learned other languages (its subwords and vocabularies were made for them)")
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as e:
