@@ -79,6 +79,7 @@ def cut_warnings(bundle: ModelBundle, text: TextConfig, prefix: Path) -> list[st
                 unknown + vocab.encode(pieces).count(UNK_ID)
         if words and tokens and (tokens / words > PIECES_PER_WORD or unknown / tokens > UNKNOWN_SHARE):
             found.append(f"warning: {path}: the model's subwords cut it into {tokens / words:.1f} tokens a word, "
-                         f"{unknown / tokens:.1%} of them unknown (more than {PIECES_PER_WORD:g}, or {UNKNOWN_SHARE:.0%}: "
-                         "text they were not made for): fine-tuning starts far from what the model learned")
+                         f"{unknown / tokens:.1%} of them unknown (more than {PIECES_PER_WORD:g}, or "
+                         f"{UNKNOWN_SHARE:.0%}: text they were not made for): fine-tuning starts far from what the "
+                         "model learned")
     return found
