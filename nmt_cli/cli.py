@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -370,23 +369,38 @@ def curves(save_dirs: tuple[Path, ...], output: Path) -> None:
 @click.option("--lowercase", is_flag=True, help="Case-insensitive scores.")
 @click.option("--paper-bleu", "paper_lang", metavar="LANG", default=None,
               help="Also the paper's tokenized, compound-split BLEU (Moses tokenizer for LANG, e.g. de).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per metric.")
+@click.option("--sentence", is_flag=True, help="Each line's scores instead, one line each, tab-separated in the "
+              "order of -m (sacreBLEU's sentence level: BLEU with effective order).")
+@click.option("--compare", nargs=2, type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              metavar="A B", help="Compare two hypothesis files by sacreBLEU's paired bootstrap resampling (1,000 "
+                                  "resamples): each one's score, mean and 95% confidence interval, and B's p-value "
+                                  "against A.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per metric (per line with --sentence).")
 def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], tokenize: str | None, lowercase: bool,
-          paper_lang: str | None, as_json: bool) -> None:
-    """Corpus BLEU, chrF and TER with sacreBLEU's signature."""
-    from nmt_cli.lines import decode_lines
-    from nmt_cli.score import bpe_warning, check_lengths, corpus_scores, paper_bleu
+          paper_lang: str | None, sentence: bool, compare: tuple[Path, Path] | None, as_json: bool) -> None:
+    """Corpus BLEU, chrF and TER with sacreBLEU's signature.
 
-    hyp_name = str(hyp) if hyp else "<stdin>"
-    with open(hyp, "rb") if hyp else sys.stdin.buffer as stream:
-        hypotheses = list(decode_lines(stream, hyp_name))
-    references = []
-    for ref in refs:
-        with open(ref, "rb") as stream:
-            references.append(list(decode_lines(stream, str(ref))))
-    check_lengths(hypotheses, hyp_name, references, [str(r) for r in refs])
-    if (warning := bpe_warning(hypotheses, hyp_name)) is not None:
-        click.echo(warning, err=True)
+    Or each line's scores (--sentence), or two systems compared (--compare A B)."""
+    from nmt_cli.score import check_lengths, corpus_scores, paired_bootstrap, paper_bleu, read_lines_of, sentence_scores
+
+    given = [flag for flag, on in (("-i", hyp), ("--paper-bleu", paper_lang), ("--sentence", sentence),
+                                   ("--compare", compare)) if on]
+    if compare and len(given) > 1 or sentence and paper_lang:
+        raise click.UsageError(f"{given[0]} and {given[1]} do not go together")
+    references = [read_lines_of(ref)[1] for ref in refs]
+    systems = [read_lines_of(path, warn=lambda message: click.echo(message, err=True)) for path in compare or [hyp]]
+    for name, hypotheses in systems:
+        check_lengths(hypotheses, name, references, [str(r) for r in refs])
+    if compare:
+        for comparison in paired_bootstrap(systems, references, metrics, tokenize, lowercase):
+            click.echo(json.dumps(comparison.to_dict()) if as_json else comparison.text)
+        return
+    name, hypotheses = systems[0]
+    if sentence:
+        for number, scores in enumerate(sentence_scores(hypotheses, references, metrics, tokenize, lowercase), 1):
+            click.echo(json.dumps({"line": number, **{k: round(v, 4) for k, v in scores.items()}}) if as_json
+                       else "\t".join(f"{v:.4f}" for v in scores.values()))
+        return
     results = corpus_scores(hypotheses, references, metrics, tokenize, lowercase)
     if paper_lang:
         results.append(paper_bleu(hypotheses, references, paper_lang))

@@ -1,4 +1,7 @@
-"""`nmt score`: corpus BLEU, chrF and TER through sacreBLEU, with its signature.
+"""`nmt score`: corpus BLEU, chrF and TER through sacreBLEU, with its signature; each line's
+scores (`--sentence`, sacreBLEU's sentence level: BLEU with effective order); two systems compared
+by paired bootstrap resampling (`--compare`, sacreBLEU's own test: each one's mean and 95%
+confidence interval, the second's p-value).
 
 The paper's figure (§6.1, PAPER.md) is tokenized BLEU with hyphenated compounds split
 ("##AT##-##AT##"); `paper_bleu` computes it, labelled, because it is not comparable to sacreBLEU.
@@ -7,12 +10,16 @@ The paper's figure (§6.1, PAPER.md) is tokenized BLEU with hyphenated compounds
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from nmt_cli.errors import NmtError
+from nmt_cli.lines import decode_lines
 
 METRICS = ("bleu", "chrf", "ter")
 COMPOUND = re.compile(r"(?<=\S)-(?=\S)")
@@ -39,6 +46,17 @@ def check_lengths(hypotheses: Sequence[str], hyp_name: str, references: Sequence
             raise NmtError(f"{hyp_name} has {len(hypotheses)} lines but {name} has {len(ref)}: line counts differ")
 
 
+def read_lines_of(path: Path | None, warn: Callable[[str], None] | None = None) -> tuple[str, list[str]]:
+    """The name and lines of a file of `path` (stdin: None); with `warn`, hypotheses whose BPE
+    markers are left in them are warned of."""
+    name = str(path) if path else "<stdin>"
+    with open(path, "rb") if path else sys.stdin.buffer as stream:
+        lines = list(decode_lines(stream, name))
+    if warn is not None and (warning := bpe_warning(lines, name)) is not None:
+        warn(warning)
+    return name, lines
+
+
 def bpe_warning(hypotheses: Sequence[str], hyp_name: str) -> str | None:
     """A warning when the hypotheses still hold subword-nmt's joining markers (`@@ `): BLEU of
     subwords is not BLEU of words."""
@@ -49,23 +67,75 @@ def bpe_warning(hypotheses: Sequence[str], hyp_name: str) -> str | None:
             "score nmt translate's output, or remove them first: sed -r 's/(@@ )|(@@ ?$)//g'")
 
 
+def metric(name: str, tokenize: str | None = None, lowercase: bool = False, sentence: bool = False) -> Any:
+    """sacreBLEU's metric `name` (BLEU with effective order for single sentences, as its
+    --sentence-level); TER is case-insensitive as sacreBLEU's default is."""
+    if name == "bleu":
+        return BLEU(tokenize=tokenize, lowercase=lowercase, effective_order=sentence)
+    if name == "chrf":
+        return CHRF(lowercase=lowercase)
+    if name == "ter":
+        return TER()
+    raise NmtError(f"unknown metric {name!r}; expected one of {', '.join(METRICS)}")
+
+
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu",),
                   tokenize: str | None = None, lowercase: bool = False) -> list[Score]:
     """sacreBLEU's corpus scores of detokenized `hypotheses` against one or more reference streams."""
     scores = []
     for name in metrics:
-        if name == "bleu":
-            metric = BLEU(tokenize=tokenize, lowercase=lowercase)
-        elif name == "chrf":
-            metric = CHRF(lowercase=lowercase)
-        elif name == "ter":
-            metric = TER()  # sacreBLEU's default TER is case-insensitive
-        else:
-            raise NmtError(f"unknown metric {name!r}; expected one of {', '.join(METRICS)}")
-        result = metric.corpus_score(list(hypotheses), [list(r) for r in references])
-        signature = str(metric.get_signature())
+        scorer = metric(name, tokenize, lowercase)
+        result = scorer.corpus_score(list(hypotheses), [list(r) for r in references])
+        signature = str(scorer.get_signature())
         scores.append(Score(name, result.score, signature, f"{result} {signature}".strip()))
     return scores
+
+
+def sentence_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu",),
+                    tokenize: str | None = None, lowercase: bool = False) -> list[dict[str, float]]:
+    """Each line's score by each metric (sacreBLEU's sentence_score)."""
+    scorers = {name: metric(name, tokenize, lowercase, sentence=True) for name in metrics}
+    return [{name: scorer.sentence_score(hyp, [ref[k] for ref in references]).score
+             for name, scorer in scorers.items()} for k, hyp in enumerate(hypotheses)]
+
+
+@dataclass
+class Comparison:
+    """Two systems under one metric by paired bootstrap resampling: each one's score, the mean
+    and 95% confidence interval of its resampled scores, and the p-value of the difference."""
+
+    metric: str
+    names: tuple[str, str]
+    results: tuple[Any, Any]  # sacreBLEU's significance.Result: score, mean, ci (and p_value for the second)
+    signature: str
+
+    @property
+    def text(self) -> str:
+        (first, second), (a, b) = self.names, self.results
+        return (f"{self.metric}: {first} {a.score:.2f} ({a.mean:.2f} ± {a.ci:.2f}) | {second} {b.score:.2f} "
+                f"({b.mean:.2f} ± {b.ci:.2f}), p = {b.p_value:.4f}{' *' if b.p_value < 0.05 else ''} {self.signature}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"metric": self.metric, "signature": self.signature, "systems": [
+            {"name": name, "score": round(float(r.score), 4), "mean": round(float(r.mean), 4),
+             "ci": round(float(r.ci), 4), **({"p_value": round(float(r.p_value), 4)} if r.p_value is not None else {})}
+            for name, r in zip(self.names, self.results)]}
+
+
+def paired_bootstrap(systems: Sequence[tuple[str, Sequence[str]]], references: Sequence[Sequence[str]],
+                     metrics: Sequence[str] = ("bleu",), tokenize: str | None = None, lowercase: bool = False,
+                     samples: int = 1000) -> list[Comparison]:
+    """The second of two (name, hypotheses) `systems` against the first, by sacreBLEU's paired
+    bootstrap resampling (`samples` resamples; its seed, 12345 unless SACREBLEU_SEED says)."""
+    from sacrebleu.significance import PairedTest
+
+    scorers = {name: metric(name, tokenize, lowercase) for name in metrics}
+    test = PairedTest([(name, list(hyps)) for name, hyps in systems], scorers, [list(r) for r in references],
+                      test_type="bs", n_samples=samples)
+    signatures, results = test()
+    names = (systems[0][0], systems[1][0])
+    return [Comparison(label, names, (results[label][0], results[label][1]), str(signatures[label]))
+            for label in signatures]
 
 
 def split_compounds(line: str) -> str:

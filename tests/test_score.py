@@ -79,3 +79,54 @@ def test_bpe_markers_in_the_hypotheses_are_warned_once_and_still_scored(tmp_path
                         "words; score nmt translate's output, or remove them first: sed -r 's/(@@ )|(@@ ?$)//g'"]
     assert json.loads(result.stdout)["score"] == round(sacrebleu.corpus_bleu(marked, [REF]).score, 4)
     assert "warning" not in score(tmp_path, "--json").stderr  # no markers, no warning
+
+
+def sacrebleu_cli(*args):
+    """sacreBLEU's own command line, 4 decimals (the independent rendering of its numbers)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "sacrebleu", *map(str, args), "-f", "text", "-w", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_each_lines_scores_are_sacrebleus_sentence_level(multi30k, tmp_path):
+    refs, hyps = head(multi30k / "val.de", 40), head(multi30k / "val.de", 20) + head(multi30k / "val.en", 40)[20:]
+    write_lines(tmp_path / "ref", refs)
+    write_lines(tmp_path / "hyp", hyps)
+    result = CliRunner().invoke(main, ["score", "-r", tmp_path / "ref", "-i", tmp_path / "hyp", "-m", "bleu", "-m",
+                                       "chrf", "--sentence"])
+    assert result.exit_code == 0, result.output
+    ours = [line.split("\t") for line in result.stdout.splitlines()]
+    for column, name in enumerate(("bleu", "chrf")):
+        theirs = [line.split(" = ")[1].split()[0] for line in sacrebleu_cli(
+            tmp_path / "ref", "-i", tmp_path / "hyp", "-m", name, "--sentence-level").splitlines()]
+        assert [row[column] for row in ours] == theirs and len(theirs) == 40
+    records = CliRunner().invoke(main, ["score", "-r", tmp_path / "ref", "-i", tmp_path / "hyp", "--sentence",
+                                        "--json"]).stdout.splitlines()
+    assert json.loads(records[0]) == {"line": 1, "bleu": 100.0} and len(records) == 40
+
+
+def test_two_systems_compared_as_sacrebleus_paired_bootstrap(multi30k, tmp_path):
+    """Each system's score, mean and 95% confidence interval, and the second's p-value."""
+    import re
+
+    refs = head(multi30k / "val.de", 60)
+    write_lines(tmp_path / "ref", refs)
+    write_lines(tmp_path / "a", head(multi30k / "val.en", 60))
+    write_lines(tmp_path / "b", refs[:30] + head(multi30k / "val.en", 60)[30:])
+    result = CliRunner().invoke(main, ["score", "-r", tmp_path / "ref", "--compare", tmp_path / "a", tmp_path / "b",
+                                       "-m", "bleu", "-m", "chrf", "--json"])
+    assert result.exit_code == 0, result.output
+    ours = [json.loads(line) for line in result.stdout.splitlines()]
+    table = sacrebleu_cli(tmp_path / "ref", "-i", tmp_path / "a", tmp_path / "b", "-m", "bleu", "chrf", "--paired-bs")
+    cells = [tuple(map(float, cell)) for cell in re.findall(r"(\d+\.\d+) \((\d+\.\d+) ± (\d+\.\d+)\)", table)]
+    assert [(s["score"], s["mean"], s["ci"]) for system in (0, 1) for s in (o["systems"][system] for o in ours)] == \
+        cells  # the table's rows: system a's BLEU, chrF2, then b's
+    assert [o["systems"][1]["p_value"] for o in ours] == [float(p) for p in re.findall(r"p = (\d+\.\d+)", table)]
+    assert [o["metric"] for o in ours] == ["BLEU", "chrF2"] and "bs:1000|seed:12345" in ours[0]["signature"]
+    refused = CliRunner().invoke(main, ["score", "-r", tmp_path / "ref", "--compare", tmp_path / "a", tmp_path / "b",
+                                        "-i", tmp_path / "a"])
+    assert refused.exit_code == 2 and "-i and --compare do not go together" in refused.output
