@@ -48,6 +48,16 @@ def threads_knob() -> Any:
     return knob(None, "CPU threads for PyTorch [default: PyTorch's].", min=1, max=1024)
 
 
+def quantize_knob() -> Any:
+    return knob(None, "CPU: run the linear layers as dynamic int8 matmuls (tests/benchmarks/PERFORMANCE.md: speed and "
+                "BLEU); --device auto then means the CPU.", choices=("int8",))
+
+
+def device_for(device: str, quantize: str | None) -> str:
+    """--device, where auto means the CPU under --quantize (int8 matmuls are a CPU kernel)."""
+    return "cpu" if quantize and device == "auto" else device
+
+
 _SAMPLING = (lambda c: c.sampling, "with --sampling")
 SEARCHING = (lambda c: not c.sampling, "to beam search, not with --sampling (--nbest N: N samples)")
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 
-from nmt_cli.config import BEAM_MAX, EXISTING_FILE, SEARCHING, SearchConfig, device_knob, precision_knob, threads_knob
+from nmt_cli.config import (
+    BEAM_MAX,
+    EXISTING_FILE,
+    SEARCHING,
+    SearchConfig,
+    device_for,
+    device_knob,
+    precision_knob,
+    quantize_knob,
+    threads_knob,
+)
 from nmt_cli.options import Options, knob
 
 
@@ -23,9 +33,7 @@ class RunConfig(Options):
                               choices=("raw", "bpe"))
     output_format: str = knob("text", "text: detokenized; tokens: BPE removed; bpe: as produced.",
                                choices=("text", "tokens", "bpe"))
-    quantize: str | None = knob(None, "CPU: run the linear layers as dynamic int8 matmuls (tests/benchmarks/"
-                                 "PERFORMANCE.md: speed and BLEU); --device auto then means the CPU.",
-                                 choices=("int8",))
+    quantize: str | None = quantize_knob()
     cuda_graphs: bool = knob(False, "GPU: replay beam search's decoder steps as CUDA graphs (batches padded to "
                               "fixed shapes).", only_if=(lambda c: not c.search.sampling, SEARCHING[1]))
     device: str = device_knob()
@@ -34,8 +42,7 @@ class RunConfig(Options):
 
     @property
     def run_on(self) -> str:
-        """--device, where auto means the CPU under --quantize (int8 matmuls are a CPU kernel)."""
-        return "cpu" if self.quantize and self.device == "auto" else self.device
+        return device_for(self.device, self.quantize)
 
 
 _PLOT = (lambda c: c.attention_plot is not None, "with --attention-plot")
@@ -123,6 +130,9 @@ class ServeConfig(Options):
                                       "a pair (of the one pair served, without SRC-TGT=); repeatable.")
     drain_seconds: int = knob(30, "On SIGTERM, how long the requests in flight may take to finish; those that "
                                "cannot are answered 503.", min=0, max=3600)
+    metrics_key: str | None = knob(None, "Ask this key (Authorization: Bearer KEY) for /metrics, which is open "
+                                    "otherwise (Prometheus scrapes without --api-keys' keys).")
+    quantize: str | None = quantize_knob()
     device: str = device_knob()
     precision: str = precision_knob()
     threads: int | None = threads_knob()
@@ -141,7 +151,8 @@ class ExportConfig(Options):
     format: str = knob(MISSING, "ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a "
                        "Hugging Face MarianMTModel directory with its tokenizer and a model card (needs transformers; "
                        "SentencePiece models); safetensors: one file.", choices=EXPORT_FORMATS)
-    quantization: str = knob("float32", "ctranslate2: store the weights in this type.", choices=CT2_QUANTIZATIONS,
-                             only_if=_CTRANSLATE2)
+    quantization: str = knob("float32", "ctranslate2: store the weights in this type (--quantize int8 as "
+                             "`nmt translate` and `nmt serve` spell it).", choices=CT2_QUANTIZATIONS,
+                             only_if=_CTRANSLATE2, flags=["--quantization", "--quantize"])
     shortlist: Path | None = knob(None, "ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map "
                                   "(use_vmap=True).", path=EXISTING_FILE, only_if=_CTRANSLATE2)

@@ -32,6 +32,7 @@ import sys
 import threading
 from typing import Any
 
+from nmt_cli.config import device_for
 from nmt_cli.decode.engine import Engine, model_search
 from nmt_cli.device import select, tune
 from nmt_cli.errors import NmtError
@@ -76,14 +77,14 @@ def serve(models: list[str], config: ServeConfig) -> None:
     from nmt_cli.serve.routes import Service, create_app
 
     check_address(config.host, config.port)
-    device, dtype = select(config.device, config.precision)
+    device, dtype = select(device_for(config.device, config.quantize), config.precision)
     tune(device, config.threads)
     keys = Keys(config.api_keys) if config.api_keys is not None else None
     connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
     pairs = load_pairs(models)
     shortlists = load_shortlists(config.shortlist, pairs)
-    engines = {pair: Engine(bundles, RunConfig(max_tokens=config.max_tokens, search=model_search(bundles[0], {})),
-                            device, dtype, shortlist=shortlists.get(pair))
+    engines = {pair: Engine(bundles, RunConfig(max_tokens=config.max_tokens, search=model_search(bundles[0], {}),
+                                               quantize=config.quantize), device, dtype, shortlist=shortlists.get(pair))
                for pair, bundles in pairs.items()}
     metrics = Metrics(waiting=lambda: batcher.waiting_requests())
     batcher = Batcher(config, engines.values(), metrics.searched)

@@ -1,11 +1,16 @@
 """LibreTranslate's API beside nmt-cli's own, so that its clients (browser extensions, SearXNG,
 Mastodon's translation feature, libretranslatepy) can use `nmt serve`: `POST /translate` with `q`
 (a string or a list; JSON or a form), `source` ("auto" where one pair fits), `target`, `format`
-(text), `alternatives`, `api_key` -> `{"translatedText": ..., "alternatives": ...}`, errors as
-`{"error": ...}`. A text of several lines is translated line by line, its lines kept.
+(text or html), `alternatives`, `api_key` -> `{"translatedText": ..., "alternatives": ...}`, and
+`POST /detect` (`q`) -> the served source languages (there is no language detector: one source
+language is it, with confidence 100); errors as `{"error": ...}`. A text of several lines is
+translated line by line, its lines kept; html's text between tags is translated, its tags and
+attributes kept as they are (and what script and style elements hold), as LibreTranslate does.
 """
 
 import functools
+import html
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +26,41 @@ def is_libretranslate(body: Any) -> bool:
     return isinstance(body, dict) and "q" in body
 
 
+TAG = re.compile(r"(<!--.*?-->|<[^>]*>)", re.S)  # a comment or a tag (its attributes inside)
+RAW_TEXT = re.compile(r"<(script|style)\b", re.I)  # elements whose content is not text to translate
+SPACES = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
+
+Piece = tuple[str, bool]  # a part of a text, and whether it is a line to translate
+
+
+def text_pieces(text: str) -> list[Piece]:
+    """A text format `q`: each of its lines to translate, the line breaks kept."""
+    pieces: list[Piece] = []
+    for k, line in enumerate(text.split("\n")):
+        pieces += [("\n", False)] * (k > 0) + [(line, True)]
+    return pieces
+
+
+def html_pieces(text: str) -> list[Piece]:
+    """An html `q`: the text between tags to translate (entities read, whitespace around it and
+    inside it kept as one space), tags, comments, script and style as they are."""
+    pieces: list[Piece] = []
+    inside: str | None = None  # script or style, until it closes
+    for k, part in enumerate(TAG.split(text)):
+        if k % 2:
+            if inside is None and (opening := RAW_TEXT.match(part)):
+                inside = opening.group(1).lower()
+            elif inside is not None and part.lower().startswith(f"</{inside}"):
+                inside = None
+            pieces.append((part, False))
+        elif inside or not part.strip():
+            pieces.append((part, False))
+        else:
+            before, words, after = SPACES.match(part).groups()  # type: ignore[union-attr]
+            pieces += [(before, False), (" ".join(html.unescape(words).split()), True), (after, False)]
+    return pieces
+
+
 @dataclass
 class LibreRequest:
     texts: list[str]
@@ -28,11 +68,22 @@ class LibreRequest:
     source: str | None
     target: str | None
     alternatives: int
+    html: bool = False
+
+    @functools.cached_property
+    def pieces(self) -> list[list[Piece]]:
+        return [(html_pieces if self.html else text_pieces)(text) for text in self.texts]
 
     @functools.cached_property
     def lines(self) -> list[str]:
-        """The sentences to translate: every line of every text."""
-        return [line for text in self.texts for line in text.split("\n")]
+        """The sentences to translate: every line of every text (html: its text between tags)."""
+        return [piece for pieces in self.pieces for piece, translated in pieces if translated]
+
+    def rebuilt(self, translations: list[str]) -> list[str]:
+        """Each text with its lines (`translations`, in the order of `lines`) in their places."""
+        given = iter(html.escape(t, quote=False) if self.html else t for t in translations)
+        return ["".join(next(given) if translated else piece for piece, translated in pieces)
+                for pieces in self.pieces]
 
     def options(self, beam: int) -> dict[str, Any]:
         """The search options: with alternatives, that many more hypotheses (the beam at least as wide)."""
@@ -42,13 +93,11 @@ class LibreRequest:
     def answer(self, found: list[list[Translation]], source: str) -> dict[str, Any]:
         """LibreTranslate's answer from each line's translations, best first (`source`: the
         language translated from)."""
-        lines = iter(found)
-        per_text = [[next(lines) for _ in text.split("\n")] for text in self.texts]
-        translated = ["\n".join(hyps[0].text if hyps else "" for hyps in text) for text in per_text]
-        answer: dict[str, Any] = {"translatedText": translated[0] if self.single else translated}
+        choices = [self.rebuilt([hyps[k].text if k < len(hyps) else "" for hyps in found])
+                   for k in range(self.alternatives + 1)]  # the best, then each alternative
+        answer: dict[str, Any] = {"translatedText": choices[0][0] if self.single else choices[0]}
         if self.alternatives:
-            alternatives = [["\n".join(hyps[k].text if k < len(hyps) else "" for hyps in text)
-                             for k in range(1, self.alternatives + 1)] for text in per_text]
+            alternatives = [[choice[t] for choice in choices[1:]] for t in range(len(self.texts))]
             answer["alternatives"] = alternatives[0] if self.single else alternatives
         if self.source == "auto":
             answer["detectedLanguage"] = {"confidence": 100.0, "language": source}
@@ -64,8 +113,8 @@ def parse_libretranslate(body: dict[str, Any], config: ServeConfig) -> LibreRequ
     texts = [body["q"]] if isinstance(body["q"], str) else body["q"]
     if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
         raise BadRequest(400, "q: a text or a list of texts")
-    if body.get("format", "text") != "text":
-        raise BadRequest(400, f"format {body['format']!r}: only text is translated here")
+    if body.get("format", "text") not in ("text", "html"):
+        raise BadRequest(400, f"format {body['format']!r}: text or html")
     for key in ("source", "target"):
         if not isinstance(body.get(key, ""), str):
             raise BadRequest(400, f"{key}: a language code, such as en")
@@ -76,9 +125,20 @@ def parse_libretranslate(body: dict[str, Any], config: ServeConfig) -> LibreRequ
         raise BadRequest(400, f"alternatives: a number from 0 to {config.max_beam - 1} (the server's --max-beam, "
                               "less one)")
     asked = LibreRequest(texts, isinstance(body["q"], str), body.get("source") or None, body.get("target") or None,
-                         alternatives)
+                         alternatives, body.get("format") == "html")
     if len(asked.lines) > config.max_sentences:
         raise BadRequest(413, f"{len(asked.lines)} lines, more than the server's --max-sentences "
                               f"{config.max_sentences}")
     check_lines(asked.lines, config, "line")
     return asked
+
+
+def detected(body: Any, sources: list[str]) -> list[dict[str, Any]]:
+    """LibreTranslate's /detect answer: the server has no language detector, so the languages it
+    translates from, equally likely (one: it, with confidence 100)."""
+    if not isinstance(body, dict) or not isinstance(body.get("q"), str):
+        raise BadRequest(400, 'the body must hold "q": the text whose language to detect')
+    unknown = sorted(set(body) - {"q", "api_key"})
+    if unknown:
+        raise BadRequest(400, f"unknown field {unknown[0]!r} (LibreTranslate's /detect: q, api_key)")
+    return [{"confidence": round(100.0 / len(sources), 1), "language": language} for language in sources]

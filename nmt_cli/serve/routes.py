@@ -4,12 +4,14 @@ middleware that decides who may ask (access.py) and counts and logs every answer
 past --max-body-bytes (connections.BodyCap).
 
     POST /translate  nmt-cli's body (schemas.py) or LibreTranslate's (`q`: libretranslate.py)
+    POST /detect     LibreTranslate's language detection (the languages served)
     GET /health, /config, /languages, /metrics, /docs, and / (the page to try it, page.html)
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ from nmt_cli.run_config import ServeConfig
 from nmt_cli.serve.access import Keys, RateLimit, bearer, is_open
 from nmt_cli.serve.batcher import Batcher, RequestTooLarge, ShuttingDown
 from nmt_cli.serve.connections import TOO_LARGE, BodyCap
-from nmt_cli.serve.libretranslate import is_libretranslate, parse_libretranslate
+from nmt_cli.serve.libretranslate import detected, is_libretranslate, parse_libretranslate
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.pairs import NoSuchPair, Pair, choose, languages
 from nmt_cli.serve.schemas import (
@@ -111,10 +113,17 @@ class Service:
     async def refusal(self, request: Request) -> Response | None:
         """The answer to a request that may not go on (a missing or unknown key, too many of either
         from its address, too many requests, a body too large to read for its key), else None."""
+        key = bearer(request.headers.get("authorization"))
+        if request.url.path == "/metrics":  # Prometheus scrapes it: open, or behind --metrics-key
+            wanted = self.config.metrics_key
+            if wanted is None or key is not None and hmac.compare_digest(key.encode(), wanted.encode()):
+                return None
+            return JSONResponse({"error": "/metrics asks for the server's --metrics-key: send the header "
+                                          "Authorization: Bearer KEY"}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
         if is_open(request.url.path):
             return None
         address = request.client.host if request.client else "-"
-        key = bearer(request.headers.get("authorization"))
         if self.keys is not None:
             if wait := self.failures.waiting(address):
                 return too_many(wait, f"more than the server's --failed-key-limit {self.config.failed_key_limit} "
@@ -195,6 +204,16 @@ async def translate(request: Request) -> Any:
         return JSONResponse({"error": SHUTTING_DOWN}, status_code=503)
 
 
+async def detect(request: Request) -> Any:
+    """LibreTranslate's language detection: the languages the server translates from."""
+    try:
+        return detected(await body_of(request), sorted({source for source, _ in service_of(request).engines}))
+    except ClientDisconnect:
+        return Response(status_code=499)
+    except BadRequest as e:
+        return JSONResponse({"error": str(e)}, status_code=e.status)
+
+
 async def home(request: Request) -> Response:
     """A page to try the server: a text box, the language pair, a button."""
     return Response(request.app.state.page, media_type="text/html; charset=utf-8")
@@ -237,6 +256,7 @@ def create_app(service: Service) -> FastAPIOffline:
         status: {"model": ErrorResponse} for status in (400, 401, 413, 422, 429, 503)}}
     body = {"required": True, "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}}}
     app.add_api_route("/translate", translate, methods=["POST"], responses=answers, openapi_extra={"requestBody": body})
+    app.add_api_route("/detect", detect, methods=["POST"], responses={400: {"model": ErrorResponse}})
     app.add_api_route("/", home, include_in_schema=False)
     app.add_api_route("/languages", served_languages)
     app.add_api_route("/health", health, response_model=Health)

@@ -127,6 +127,7 @@ def test_a_server_with_keys_and_limits(tmp_path):
                               "--failed-key-limit", 4, "--max-body-bytes", 2000)
     assert post(url, None)[0] == post(url, "wrong")[0] == 401  # 2 failed keys from 127.0.0.1
     assert request(url + "/health")[0] == 200  # open
+    assert urllib.request.urlopen(url + "/metrics", timeout=60).status == 200  # Prometheus scrapes without a key
     assert [post(url, "first")[0] for _ in range(2)] == [200, 200]
     status, headers = post(url, "first")
     assert status == 429 and 1 <= int(headers["Retry-After"]) <= 30

@@ -13,7 +13,7 @@ from libretranslatepy import LibreTranslateAPI
 
 from nmt_cli.decode.records import Translation
 from nmt_cli.run_config import ServeConfig
-from nmt_cli.serve.libretranslate import parse_libretranslate
+from nmt_cli.serve.libretranslate import detected, parse_libretranslate
 from nmt_cli.serve.schemas import BadRequest
 
 LIMITS = ServeConfig(max_beam=4, max_sentences=2, max_chars=4)
@@ -24,8 +24,7 @@ LIMITS = ServeConfig(max_beam=4, max_sentences=2, max_chars=4)
                              "api_key)"),
     ({"q": 3}, "q: a text or a list of texts"),
     ({"q": ["a", None]}, "q: a text or a list of texts"),
-    ({"q": "a", "format": "html"}, "format 'html': only text is translated here"),
-    ({"q": "a", "format": "pdf"}, "format 'pdf': only text is translated here"),
+    ({"q": "a", "format": "pdf"}, "format 'pdf': text or html"),
     ({"q": "a", "target": 7}, "target: a language code, such as en"),
     ({"q": "a", "alternatives": "many"}, "alternatives: a number from 0 to 3 (the server's --max-beam, less one)"),
     ({"q": "a", "alternatives": 4}, "alternatives: a number from 0 to 3 (the server's --max-beam, less one)"),
@@ -49,6 +48,63 @@ def test_answers_keep_the_lines_of_each_text_and_the_shape_of_q():
                       "detectedLanguage": {"confidence": 100.0, "language": "en"}}
     single = parse_libretranslate({"q": "a", "source": "en"}, LIMITS)
     assert single.answer([hyps("A")], "en") == {"translatedText": "A"}
+
+
+def test_html_is_translated_between_its_tags_which_stay_as_they_are():
+    """As LibreTranslate: tags and attributes kept, entities read and written back, what script
+    and style hold left alone, the whitespace around a text kept."""
+    page = '<p title="A b">a &amp; b</p>\n<script>x = "c d";</script><i> e  f </i><!-- g -->'
+    asked = parse_libretranslate({"q": page, "format": "html"}, ServeConfig())
+    assert asked.lines == ["a & b", "e f"]
+    answer = asked.answer([[Translation("A < B", [], 0.0, 0.0)], [Translation("E F", [], 0.0, 0.0)]], "en")
+    assert answer == {"translatedText": page.replace("a &amp; b", "A &lt; B").replace(" e  f ", " E F ")}
+
+
+def test_detection_names_the_languages_translated_from():
+    assert detected({"q": "a b"}, ["en"]) == [{"confidence": 100.0, "language": "en"}]
+    assert detected({"q": "a b", "api_key": "k"}, ["de", "en"]) == [{"confidence": 50.0, "language": "de"},
+                                                                    {"confidence": 50.0, "language": "en"}]
+    for body, reason in (({"text": "a"}, 'the body must hold "q"'), ({"q": "a", "source": "en"}, "unknown field")):
+        with pytest.raises(BadRequest, match=reason):
+            detected(body, ["en"])
+
+
+@pytest.mark.slow
+def test_detect_html_and_int8_through_a_client_and_curl(tmp_path):
+    """libretranslatepy's detect, curl's html form, int8 as `nmt translate --quantize int8` runs
+    it, and /metrics behind --metrics-key."""
+    import subprocess
+
+    from conftest import cli, request
+
+    (tmp_path / "keys.txt").write_text("k\n")
+    model = tiny_checkpoint(tmp_path / "m.pt", seed=1)
+    _, url, process = serving(tmp_path, "--api-keys", tmp_path / "keys.txt", "--quantize", "int8", "--metrics-key",
+                              "m", model=f"en-de={model}")
+    assert LibreTranslateAPI(url, api_key="k").detect("a b") == [{"confidence": 100.0, "language": "en"}]
+    lines = ["a b c", "d e"]
+    answer = authorized(url, {"text": lines, "nbest": 2, "beam": 2}, {"Authorization": "Bearer k"})
+    scores = [[hyp["score"] for hyp in nbest] for nbest in answer["nbest"]]
+    for quantize, same in (("int8", True), (None, False)):  # int8's scores, not fp32's
+        flags = ["--quantize", quantize] if quantize else []
+        run = cli("translate", "-m", model, *flags, "--device", "cpu", "--format", "jsonl", "--nbest", 2, "--beam", 2,
+                  input="\n".join(lines) + "\n")
+        records = [json.loads(line) for line in run.stdout.splitlines()]
+        assert ([[hyp["score"] for hyp in r["nbest"]] for r in records] == scores) is same
+        assert [r["translation"] for r in records] == answer["translations"] or not same
+    ours = authorized(url, {"text": lines}, {"Authorization": "Bearer k"})["translations"]
+    answer = json.loads(subprocess.run(
+        ["curl", "-s", url + "/translate", "-d", "q=<p class='x'>a b c</p> <b>d e</b>", "-d", "format=html",
+         "-d", "source=en", "-d", "target=de", "-d", "api_key=k"], capture_output=True, text=True, timeout=60).stdout)
+    assert answer == {"translatedText": f"<p class='x'>{ours[0]}</p> <b>{ours[1]}</b>"}
+    assert request(url + "/health")[0] == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url + "/metrics", timeout=60)
+    assert refused.value.code == 401
+    scraped = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer m"})
+    assert urllib.request.urlopen(scraped, timeout=60).status == 200
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
 
 
 @pytest.mark.slow
