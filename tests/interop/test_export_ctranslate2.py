@@ -163,7 +163,7 @@ def test_export_replaces_only_an_earlier_export_and_never_leaves_half_a_director
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(export, "text_files", full)
-    result = run("export", "-m", model, "--format", "ctranslate2", "-o", out, "--quantization", "int8")
+    result = run("export", "-m", model, "--format", "ctranslate2", "-o", out, "--quantize", "int8")  # its other name
     assert result.exit_code == 1
     assert result.output.strip() == f"Error: {out}: cannot write the model directory (No space left on device); " \
                                     "nothing was written"
