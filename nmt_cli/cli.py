@@ -381,28 +381,12 @@ def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], to
     """Corpus BLEU, chrF and TER with sacreBLEU's signature.
 
     Or each line's scores (--sentence), or two systems compared (--compare A B)."""
-    from nmt_cli.score import check_lengths, corpus_scores, paired_bootstrap, paper_bleu, read_lines_of, sentence_scores
+    from nmt_cli.score import Scoring, scored_lines
 
     given = [flag for flag, on in (("-i", hyp), ("--paper-bleu", paper_lang), ("--sentence", sentence),
                                    ("--compare", compare)) if on]
     if compare and len(given) > 1 or sentence and paper_lang:
         raise click.UsageError(f"{given[0]} and {given[1]} do not go together")
-    references = [read_lines_of(ref)[1] for ref in refs]
-    systems = [read_lines_of(path, warn=lambda message: click.echo(message, err=True)) for path in compare or [hyp]]
-    for name, hypotheses in systems:
-        check_lengths(hypotheses, name, references, [str(r) for r in refs])
-    if compare:
-        for comparison in paired_bootstrap(systems, references, metrics, tokenize, lowercase):
-            click.echo(json.dumps(comparison.to_dict()) if as_json else comparison.text)
-        return
-    name, hypotheses = systems[0]
-    if sentence:
-        for number, scores in enumerate(sentence_scores(hypotheses, references, metrics, tokenize, lowercase), 1):
-            click.echo(json.dumps({"line": number, **{k: round(v, 4) for k, v in scores.items()}}) if as_json
-                       else "\t".join(f"{v:.4f}" for v in scores.values()))
-        return
-    results = corpus_scores(hypotheses, references, metrics, tokenize, lowercase)
-    if paper_lang:
-        results.append(paper_bleu(hypotheses, references, paper_lang))
-    for result in results:
-        click.echo(json.dumps(result.to_dict()) if as_json else result.text)
+    scoring = Scoring(metrics, tokenize, lowercase, paper_lang, sentence, as_json)
+    lines = scored_lines(list(refs), list(compare or [hyp]), scoring, lambda message: click.echo(message, err=True))
+    click.echo("\n".join(lines))

@@ -9,6 +9,7 @@ The paper's figure (§6.1, PAPER.md) is tokenized BLEU with hyphenated compounds
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -156,3 +157,39 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[Sequence[str]], l
     result = metric.corpus_score(prepare(hypotheses), [prepare(r) for r in references])
     label = f"paper-style tokenized BLEU (Moses {lang}, compound-split; not comparable to sacreBLEU)"
     return Score("paper_bleu", result.score, label, f"{result} [{label}]")
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What `nmt score` computes: the metrics and their settings, and in which form."""
+
+    metrics: Sequence[str] = ("bleu",)
+    tokenize: str | None = None
+    lowercase: bool = False
+    paper_lang: str | None = None  # also the paper's BLEU
+    sentence: bool = False  # each line's scores
+    as_json: bool = False
+
+
+def scored_lines(refs: list[Path], hyps: list[Path | None], scoring: Scoring, warn: Callable[[str], None]
+                 ) -> list[str]:
+    """`nmt score`'s output: the corpus scores of one hypothesis file (stdin: None), each of its
+    lines' scores (`scoring.sentence`), or two files compared (two `hyps`)."""
+    s = scoring
+    references = [read_lines_of(ref)[1] for ref in refs]
+    systems = [read_lines_of(path, warn) for path in hyps]
+    for name, hypotheses in systems:
+        check_lengths(hypotheses, name, references, [str(r) for r in refs])
+    if len(systems) == 2:
+        return [json.dumps(c.to_dict()) if s.as_json else c.text
+                for c in paired_bootstrap(systems, references, s.metrics, s.tokenize, s.lowercase)]
+    hypotheses = systems[0][1]
+    if s.sentence:
+        return [json.dumps({"line": number, **{k: round(v, 4) for k, v in scores.items()}}) if s.as_json
+                else "\t".join(f"{v:.4f}" for v in scores.values())
+                for number, scores in enumerate(sentence_scores(hypotheses, references, s.metrics, s.tokenize,
+                                                                s.lowercase), 1)]
+    results = corpus_scores(hypotheses, references, s.metrics, s.tokenize, s.lowercase)
+    if s.paper_lang:
+        results.append(paper_bleu(hypotheses, references, s.paper_lang))
+    return [json.dumps(result.to_dict()) if s.as_json else result.text for result in results]
