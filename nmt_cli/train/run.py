@@ -330,7 +330,8 @@ class TrainingRun:
                         rt.peers.update = p.updates
                     advanced = self.guard.update(self.prefetcher.get(update.mine), update.tokens, update.counted)
                     p.epoch_updates += 1
-                    if advanced and (p.updates % self.read_every == 0 or p.updates % c.log_interval == 0):
+                    if advanced and (p.updates % self.read_every == 0 or p.updates % c.log_interval == 0
+                                     or not self.log.reported):
                         self._read()
                     stop = self._after_update(interrupted, advanced)
                 if stop is None:  # end of epoch
@@ -383,5 +384,5 @@ class TrainingRun:
         --log-interval updates."""
         for update, stats in self.guard.read():
             self.log.count(stats, update, self.elapsed())
-            if update % self.config.log_interval == 0:
+            if self.log.due(update, self.config.log_interval):
                 self.log.report(update, self.progress.epoch, stats["lr"], self.elapsed(), self.runtime.world)

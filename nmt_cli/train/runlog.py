@@ -15,6 +15,7 @@ from nmt_cli.files import reason, write_text
 
 # The bar of a run with only --max-time: seconds of its budget, with the update reached.
 TIME_BAR = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
+REPORT_SECONDS = 60.0  # a slow run (a large model on a CPU) reports at least this often, and after its first update
 
 
 class RunLog:
@@ -32,6 +33,13 @@ class RunLog:
             self.tensorboard = SummaryWriter(str(Path(save_dir) / "tensorboard"))
         self.bar: Any = None
         self.window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
+        self.reported = False  # this run has reported an update
+
+    def due(self, update: int, interval: int) -> bool:
+        """Whether to report at `update`: every --log-interval updates, after the run's first one,
+        and whenever REPORT_SECONDS passed since the last report."""
+        return update % interval == 0 or not self.reported or \
+            time.monotonic() - self.window["start"] >= REPORT_SECONDS
 
     def log(self, message: str) -> None:
         """A line on stderr, above the progress bar when there is one."""
@@ -104,7 +112,7 @@ class RunLog:
             self.bar = None
 
     def report(self, update: int, epoch: int, lr: float, elapsed: float, world: int) -> None:
-        """Record and show the window's averages (every --log-interval updates), then start a new one."""
+        """Record and show the window's averages (when `due`), then start a new one."""
         window, now = self.window, time.monotonic()
         tokens = max(window["tokens"], 1.0)
         entry = {"kind": "train", "update": update, "epoch": epoch,
@@ -119,6 +127,7 @@ class RunLog:
         else:
             self.bar.set_postfix_str(summary)
         window.update(loss=0.0, nll=0.0, tokens=0.0, start=now)
+        self.reported = True
 
     def close(self) -> None:
         self.close_bar()

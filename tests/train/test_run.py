@@ -504,7 +504,7 @@ def test_compiled_update_compiles_once_per_batch_shape(tmp_path, monkeypatch):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), name
     losses = [[entry["loss"] for entry in map(json.loads, (tmp_path / run / "train_log.jsonl").read_text().splitlines())
                if entry["kind"] == "train"] for run in ("compiled", "eager")]
-    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert len(losses[0]) == 5 and losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 @pytest.mark.slow
@@ -553,7 +553,7 @@ def test_losses_read_every_few_updates_give_the_same_run(tmp_path, monkeypatch):
     for entries in logs:
         for entry in entries:
             entry.pop("elapsed_s", None), entry.pop("tokens_per_s", None)
-    assert logs[0] == logs[1] and [e["update"] for e in logs[0] if e["kind"] == "train"] == [4, 8, 12]
+    assert logs[0] == logs[1] and [e["update"] for e in logs[0] if e["kind"] == "train"] == [1, 4, 8, 12]
 
 
 @pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB"),

@@ -27,6 +27,24 @@ def test_resume_drops_the_records_it_will_redo_and_a_torn_line(tmp_path):
     assert [json.loads(line)["update"] for line in lines] == [10, 20]
 
 
+def test_a_slow_run_reports_after_its_first_update_and_at_least_each_minute(tmp_path, monkeypatch):
+    """A large model on a CPU (a minute or more an update) is not silent until --log-interval."""
+    from nmt_cli.train import runlog
+
+    now = [1000.0]
+    monkeypatch.setattr(runlog.time, "monotonic", lambda: now[0])
+    log = RunLog(tmp_path, main=True, tensorboard=False, progress_bar=False)
+    log.start(updates=None, initial=0, seconds=None, elapsed=0.0)
+    assert log.due(1, 50)  # the first update
+    log.count({"loss": 3.0, "nll": 2.0, "tokens": 1.0}, update=1, elapsed=1.0)
+    now[0] += 70.0
+    log.report(update=1, epoch=1, lr=1e-3, elapsed=70.0, world=1)
+    now[0] += 59.0
+    assert not log.due(2, 50) and log.due(50, 50)
+    now[0] += 1.0
+    assert log.due(3, 50)  # a minute since the last report
+
+
 def test_report_averages_the_window_per_token(tmp_path, capsys):
     log = RunLog(tmp_path, main=True, tensorboard=False, progress_bar=False)
     log.start(updates=None, initial=0, seconds=None, elapsed=0.0)
