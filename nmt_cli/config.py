@@ -148,6 +148,10 @@ class TrainConfig(Options):
     save_interval_minutes: float = knob(10.0, "Save a checkpoint every this many minutes, and at each epoch's end "
                                          "(the paper: 10).", min=0.0, exclusive_min=True)
     keep_last: int = knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
+    save_optimizer_state: str = knob("last", "last: the optimizer's state (with Adam, twice the weights) in "
+                                      "checkpoint_last.pt alone, the numbered checkpoints holding the weights (what "
+                                      "averaging and fine-tuning read); all: in every checkpoint.",
+                                      choices=("last", "all"))
     log_interval: int = knob(50, "Log every N updates (and after the first, and at least once a minute).", min=1)
     tensorboard: bool = knob(False, "Also write TensorBoard events to SAVE_DIR/tensorboard (the tensorboard extra).")
     eval_bleu: bool = knob(False, "At each validation, also translate the valid split and report sacreBLEU, "

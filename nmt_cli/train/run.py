@@ -220,7 +220,7 @@ class TrainingRun:
         self.model = model.to(self.runtime.device)
         self.bundle = ckpt.ModelBundle(self.model, data.text, data.bpe_codes(), src_vocab, tgt_vocab,
                                        data.sentencepiece(), data.target_sentencepiece())
-        self.checkpoints = SaveDir(self.save_dir, self.runtime, config.keep_last, (src_vocab, tgt_vocab))
+        self.checkpoints = SaveDir(self.save_dir, self.runtime, config, (src_vocab, tgt_vocab))
         state = None if reset else self.checkpoints.resume(self.model)
         if state is None and init_from is not None:
             self.bundle.released = self.checkpoints.initialize(self.model, init_from, data.text, self.log.log)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nmt_cli.config import TextConfig
+from nmt_cli.config import TextConfig, TrainConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import replacing
 from nmt_cli.model import checkpoint as ckpt
@@ -80,11 +80,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
-class SaveDir:
-    """The checkpoints of one training run's save directory, for a model and its vocabularies."""
+TRAINING_STATE = ("optimizer", "scaler", "ema", "rng")  # what resuming needs beyond the weights
 
-    def __init__(self, save_dir: Path, runtime: Runtime, keep_last: int, vocabularies: tuple[Vocabulary, Vocabulary]):
-        self.save_dir, self.runtime, self.keep_last = Path(save_dir), runtime, keep_last
+
+class SaveDir:
+    """The checkpoints of one training run's save directory, for a model and its vocabularies:
+    checkpoint_last.pt holds what resuming needs; the numbered ones the weights alone, unless
+    --save-optimizer-state all (`config`: --keep-last too)."""
+
+    def __init__(self, save_dir: Path, runtime: Runtime, config: TrainConfig,
+                 vocabularies: tuple[Vocabulary, Vocabulary]) -> None:
+        self.save_dir, self.runtime, self.keep_last = Path(save_dir), runtime, config.keep_last
+        self.weights_only = config.save_optimizer_state == "last"
         self.vocabularies = vocabularies
         self.last = self.save_dir / "checkpoint_last.pt"
 
@@ -96,6 +103,9 @@ class SaveDir:
             state = ckpt.load(self.last) if self.last.exists() else None
         if state is None:
             return None
+        if "optimizer" not in state:
+            raise NmtError(f"{self.last}: the weights alone, no optimizer state to resume with (a numbered "
+                           "checkpoint?): fine-tune from it with --init-from, or --reset")
         ours = model.config.to_dict()
         for key, value in state["model_config"].items():
             if ours.get(key) != value:
@@ -167,9 +177,13 @@ class SaveDir:
             dist.all_gather_object(states, rng_state())
         if not self.runtime.main:
             return
-        path = self.save_dir / f"checkpoint_{updates}.pt"
-        ckpt.save({**contents(), "rng": states}, path)
-        link(path, self.last)
+        path, state = self.save_dir / f"checkpoint_{updates}.pt", {**contents(), "rng": states}
+        if self.weights_only:
+            ckpt.save(state, self.last)
+            ckpt.save({key: value for key, value in state.items() if key not in TRAINING_STATE}, path)
+        else:
+            ckpt.save(state, path)
+            link(path, self.last)
         if averaged is not None:
             path = self.save_dir / "checkpoint_ema.pt"
             ckpt.save(averaged(), path)

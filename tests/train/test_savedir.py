@@ -1,11 +1,12 @@
-"""A run's checkpoints: numbered files with links, the newest kept, RNG states, resume checks."""
+"""A run's checkpoints: numbered files (the weights alone, or everything with links), the newest
+kept, RNG states, resume checks."""
 
 import random
 
 import pytest
 import torch
 
-from nmt_cli.config import TextConfig
+from nmt_cli.config import TextConfig, TrainConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.model.architecture import PRESETS
@@ -23,26 +24,43 @@ def tiny(**overrides) -> Transformer:
     return Transformer(config, len(VOCAB), len(VOCAB), PAD_ID, True)
 
 
+CPU = Runtime(torch.device("cpu"), torch.float32)
+
+
 def contents(model):
-    return lambda: ckpt.describe(model, TextConfig("a", "b", tokenizer="none"), None, VOCAB, VOCAB)
+    """A checkpoint's contents: the model, and an optimizer's state as a stand-in (large in truth)."""
+    return lambda: {**ckpt.describe(model, TextConfig("a", "b", tokenizer="none"), None, VOCAB, VOCAB),
+                    "optimizer": {"state": torch.zeros(1000)}}
 
 
-def test_save_links_prunes_and_resumes_the_weights(tmp_path):
+@pytest.mark.parametrize("optimizer_state", ["last", "all"])
+def test_save_prunes_and_resumes_the_weights(tmp_path, optimizer_state):
+    """last (the default): checkpoint_last.pt holds the optimizer's state, the numbered ones the
+    weights alone (smaller; what averaging and --init-from read); all: every one holds it, the
+    last a link to the newest."""
     model = tiny()
-    saver = SaveDir(tmp_path, Runtime(torch.device("cpu"), torch.float32), 2, (VOCAB, VOCAB))
+    saver = SaveDir(tmp_path, CPU, TrainConfig(keep_last=2, save_optimizer_state=optimizer_state), (VOCAB, VOCAB))
     for updates in (1, 2, 3):
         saver.save(updates, best=updates == 2, contents=contents(model))
     assert sorted(p.name for p in tmp_path.glob("checkpoint_*.pt")) == [
         "checkpoint_2.pt", "checkpoint_3.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
-    assert (tmp_path / "checkpoint_last.pt").samefile(tmp_path / "checkpoint_3.pt")
+    newest = ckpt.load(tmp_path / "checkpoint_3.pt")
+    assert (tmp_path / "checkpoint_last.pt").samefile(tmp_path / "checkpoint_3.pt") is (optimizer_state == "all")
+    assert ("optimizer" in newest and "rng" in newest) is (optimizer_state == "all")
+    assert all(torch.equal(newest["model"][k], v) for k, v in model.state_dict().items())
     other = tiny()
     state = saver.resume(other)
-    assert len(state["rng"]) == 1
+    assert len(state["rng"]) == 1 and "optimizer" in state
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    (tmp_path / "checkpoint_last.pt").unlink()
+    (tmp_path / "checkpoint_last.pt").hardlink_to(tmp_path / "checkpoint_best.pt")
+    if optimizer_state == "last":
+        with pytest.raises(NmtError, match="checkpoint_last.pt: the weights alone, no optimizer state to resume"):
+            saver.resume(tiny())
 
 
 def test_resume_refuses_another_model_naming_the_field(tmp_path):
-    saver = SaveDir(tmp_path, Runtime(torch.device("cpu"), torch.float32), 0, (VOCAB, VOCAB))
+    saver = SaveDir(tmp_path, CPU, TrainConfig(keep_last=0), (VOCAB, VOCAB))
     assert saver.resume(tiny()) is None  # nothing to resume from
     saver.save(1, best=False, contents=contents(tiny()))
     with pytest.raises(NmtError, match=r"model config differs \(d_ff: 32 in the checkpoint, 64 now\)"):
@@ -64,7 +82,7 @@ def _resume_in_process(rank: int, init_file: str, save_dirs: list[str], out: str
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     runtime = Runtime(torch.device("cpu"), torch.float32, rank=rank, world=2)
     try:
-        SaveDir(save_dirs[rank], runtime, 5, (Vocabulary([]), Vocabulary([]))).resume(tiny())
+        SaveDir(save_dirs[rank], runtime, TrainConfig(), (Vocabulary([]), Vocabulary([]))).resume(tiny())
         result = "resumed"
     except NmtError as e:
         result = str(e)
