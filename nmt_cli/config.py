@@ -148,6 +148,9 @@ class TrainConfig(Options):
     save_interval_minutes: float = knob(10.0, "Save a checkpoint every this many minutes, and at each epoch's end "
                                          "(the paper: 10).", min=0.0, exclusive_min=True)
     keep_last: int = knob(5, "Keep the newest N numbered checkpoints (0: keep all).", min=0)
+    freeze: tuple[str, ...] = knob((), "Keep a part of the model as it is (repeatable): embeddings, output, encoder, "
+                                   "decoder, or a layer, encoder.N or decoder.N (from 0); the rest is trained "
+                                   "(adaptation to little data, a large model on a CPU).")
     save_optimizer_state: str = knob("last", "last: the optimizer's state (with Adam, twice the weights) in "
                                       "checkpoint_last.pt alone, the numbered checkpoints holding the weights (what "
                                       "averaging and fine-tuning read); all: in every checkpoint.",

@@ -82,8 +82,10 @@ def starting_line(run: TrainingRun) -> str:
     """What a run says when it starts: model size, hardware, data and the tokens of an update."""
     c, p, rt = run.config, run.progress, run.runtime
     params = sum(t.numel() for t in run.model.parameters())
+    trained = sum(t.numel() for t in run.model.parameters() if t.requires_grad)
+    frozen = f" ({params - trained:,} frozen: {', '.join(c.freeze)})" if c.freeze else ""
     processes = f"{rt.world} processes ({rank_map(rt.peers.places)})" if rt.peers else f"{rt.world} process(es)"
-    return (f"{'resuming at update ' + str(p.updates) if run.resumed else 'starting'}: {params:,} parameters, "
+    return (f"{'resuming at update ' + str(p.updates) if run.resumed else 'starting'}: {params:,} parameters{frozen}, "
             f"{rt.device} {str(rt.dtype).removeprefix('torch.')}, {processes}, "
             f"{len(run.train):,} training pairs in {len(run.batches):,} batches; up to "
             f"{c.max_tokens * rt.world * c.update_freq:,} tokens per update (max-tokens {c.max_tokens} x "

@@ -137,10 +137,38 @@ def compiled(net: torch.nn.Module, length_buckets: int, mode: str) -> torch.nn.M
     return torch.compile(net, mode=mode, dynamic=not length_buckets)
 
 
+# The parameters of each part --freeze names, by the beginning of their names (a tied output
+# projection is the target embedding: --freeze embeddings).
+PARTS = {"embeddings": ("src_embed.", "tgt_embed."), "output": ("output_projection.",),
+         "encoder": ("encoder_layers.", "encoder_norm."), "decoder": ("decoder_layers.", "decoder_norm.")}
+
+
+def freeze(model: Transformer, parts: tuple[str, ...]) -> None:
+    """--freeze: the parameters of `parts` take no gradient (nor an optimizer's state); a part
+    this model does not have, or one that holds no parameter of its own, is refused naming it."""
+    layers = {"encoder": model.config.encoder_layers, "decoder": model.config.decoder_layers}
+    for part in parts:
+        side, _, index = part.partition(".")
+        if part in PARTS:
+            prefixes = PARTS[part]
+        elif side in layers and index.isdigit() and int(index) < layers[side]:
+            prefixes = (f"{side}_layers.{int(index)}.",)
+        else:
+            raise NmtError(f"--freeze {part}: expected embeddings, output, encoder, decoder, encoder.N (N from 0 to "
+                           f"{layers['encoder'] - 1}) or decoder.N (to {layers['decoder'] - 1})")
+        frozen = [p.requires_grad_(False) for name, p in model.named_parameters() if name.startswith(prefixes)]
+        if not frozen:
+            raise NmtError(f"--freeze {part}: this model has no parameter of its own there (a tied output projection "
+                           "is the embeddings': --freeze embeddings)")
+    if parts and not any(p.requires_grad for p in model.parameters()):
+        raise NmtError(f"--freeze {' '.join(parts)}: nothing is left to train")
+
+
 class Trainer:
     """Model, optimizer and one update: forward/backward over this process's micro-batches, then step."""
 
     def __init__(self, model: Transformer, config: TrainConfig, runtime: Runtime) -> None:
+        freeze(model, config.freeze)
         self.model, self.config, self.runtime = use_fast_paths(model), config, runtime
         self.d_model = model.config.d_model
         # On the CPU only the real target positions go through the vocabulary projection, the
@@ -158,10 +186,11 @@ class Trainer:
         adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
         options = {"lr": 0.0, "betas": (config.adam_beta1, config.adam_beta2), "eps": config.adam_eps,
                    **({"weight_decay": config.weight_decay} if config.weight_decay else {})}
+        trained = [p for p in model.parameters() if p.requires_grad]  # all but --freeze's
         try:  # one fused kernel for all parameters (CUDA; CPU since torch 2.4)
-            self.optimizer = adam(model.parameters(), fused=True, **options)
+            self.optimizer = adam(trained, fused=True, **options)
         except RuntimeError:
-            self.optimizer = adam(model.parameters(), **options)
+            self.optimizer = adam(trained, **options)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == torch.float16)
         # Fused Adam skips a step on the device (found_inf); otherwise, and under fp16's GradScaler
         # (which sets found_inf itself), the host reads whether the loss is finite at every update.
@@ -256,7 +285,12 @@ class Trainer:
 
     def load_state(self, state: dict[str, Any]) -> None:
         """The states of a checkpoint (a run that turns --ema-decay on starts the average here)."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError:  # its parameter groups are not this run's
+            raise NmtError(f"the checkpoint's optimizer trained other parameters than this run would (--freeze "
+                           f"{' '.join(self.config.freeze) or '(none)'} now): resume with the --freeze it was "
+                           "saved with, or fine-tune from it with --init-from") from None
         self.scaler.load_state_dict(state["scaler"])
         if self.average is not None and "ema" in state:
             self.average.load_state(state["ema"])

@@ -10,6 +10,8 @@ work sleep instead of spinning, else it reads about `--threads`). CPU threads: `
 
 `--dropout-ab` times each of the `--updates` batches once per dropout kind, in turn (ours,
 torch's F.dropout, none), and prints target tokens/s per kind: what dropout costs in a step.
+`--freeze PART` (repeatable, as `nmt train --freeze`) times updates that leave those parts as they
+are: what adapting a large model on a CPU costs an update (docs/train.md).
 """
 
 from __future__ import annotations
@@ -49,11 +51,13 @@ def main() -> None:
     parser.add_argument("--fused-attention", action="store_true",
                         help="always the fused SDPA kernel (on the CPU, short sequences are written out)")
     parser.add_argument("--dropout-ab", action="store_true", help="each batch once per dropout kind, in turn")
+    parser.add_argument("--freeze", action="append", default=[], help="a part to leave as it is (repeatable)")
     args = parser.parse_args()
     if args.fused_attention:
         kernels.WRITTEN_OUT_MAX_KEYS = 0
     config = TrainConfig(max_tokens=args.max_tokens, threads=args.threads, device=args.device,
-                         precision=args.precision, compile=args.compile, lr_schedule="inverse-sqrt", lr=1e-3)
+                         precision=args.precision, compile=args.compile, lr_schedule="inverse-sqrt", lr=1e-3,
+                         freeze=tuple(args.freeze))
     with tempfile.TemporaryDirectory() as save_dir:
         run = TrainingRun(args.data_dir, Path(save_dir), PRESETS[args.arch], config, progress_bar=False)
     batches = shuffled(run.batches, 1, 1)
@@ -77,7 +81,8 @@ def main() -> None:
         "benchmark": "train_speed", "arch": args.arch, "parameters": params, "device": str(run.runtime.device),
         "dtype": str(run.runtime.dtype), "threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
         "updates": args.updates, "target_tokens_per_s": round(tokens / seconds, 1),
-        "updates_per_s": round(args.updates / seconds, 3), "target_tokens_per_update": round(tokens / args.updates),
+        "updates_per_s": round(args.updates / seconds, 3), "seconds_per_update": round(seconds / args.updates, 3),
+        "target_tokens_per_update": round(tokens / args.updates), "freeze": args.freeze,
         "cpu_per_wall_s": round(cpu_seconds / seconds, 2), "fused_attention": args.fused_attention,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),

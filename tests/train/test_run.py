@@ -194,6 +194,31 @@ def test_a_fine_tuning_run_resumes_from_its_own_checkpoint_not_from_init_from(tm
     assert not torch.equal(a["tgt_embed.tokens.weight"], params(tmp_path / "base")["tgt_embed.tokens.weight"])
 
 
+def test_frozen_parts_keep_their_weights_while_the_rest_trains(tmp_path):
+    """--freeze: the embeddings, the encoder and a decoder layer as they were; every other weight
+    moved. A part the model does not have, or that holds nothing of its own, refused naming it."""
+    data = synthetic_data_dir(tmp_path)
+    run_training(data, tmp_path / "base", LEARNER, max_updates=2).run()
+    init = tmp_path / "base/checkpoint_last.pt"
+    tuned = run_training(data, tmp_path / "tuned", LEARNER, init_from=init, max_updates=6,
+                         freeze=("embeddings", "encoder", "decoder.0"))
+    tuned.run()
+    before, after = params(tmp_path / "base"), params(tmp_path / "tuned")
+    for name in before:
+        frozen = name.startswith(("src_embed.", "tgt_embed.", "encoder_layers.", "decoder_layers.0.")) or \
+            name == "output_projection.weight"  # tied: the target embedding
+        assert torch.equal(before[name], after[name]) is frozen, name
+    assert any(name.startswith("decoder_layers.1.") for name in before)  # something was trained
+    with pytest.raises(NmtError, match="the checkpoint's optimizer trained other parameters than this run would"):
+        run_training(data, tmp_path / "tuned", LEARNER, init_from=init, max_updates=8, freeze=("embeddings",))
+    for parts, message in ((("decoder.2",), "--freeze decoder.2: expected embeddings, output, encoder, decoder, "
+                                            "encoder.N \\(N from 0 to 1\\) or decoder.N \\(to 1\\)"),
+                           (("output",), "--freeze output: this model has no parameter of its own there"),
+                           (("embeddings", "encoder", "decoder"), "nothing is left to train")):
+        with pytest.raises(NmtError, match=message):
+            run_training(data, tmp_path / "refused", LEARNER, init_from=init, max_updates=6, freeze=parts)
+
+
 def test_ema_resumes_exactly_and_is_what_validation_measures(tmp_path):
     data = synthetic_data_dir(tmp_path)
     options = {"ema_decay": 0.9, "validate_interval_updates": 10}
