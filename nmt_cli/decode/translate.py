@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import IO
@@ -85,17 +86,39 @@ def translate_stream(engine: Engine, config: TranslateConfig, source: IO[bytes],
     returns the line count. From a pipe or a terminal, what has arrived is translated whenever the
     input pauses, and each chunk's lines are flushed: a program that writes a line and waits for it
     is answered.
-    With `progress` on a terminal, a bar of the lines (of `total`, with an ETA, when known)."""
+    With `progress` on a terminal, a bar of the lines (of `total`, with an ETA, when known); off a
+    terminal (a log), a line every PROGRESS_SECONDS."""
     from tqdm import tqdm
 
-    count = 0
+    count, started = 0, time.monotonic()
+    last = started
     with tqdm(unit="line", total=total, disable=not (progress and sys.stderr.isatty()), file=sys.stderr) as bar:
         for chunk in arriving_chunks(source, source_name, CHUNK_LINES):
             out.writelines(line + "\n" for line in translate_lines(engine, chunk, count + 1, config))
             out.flush()
             count += len(chunk)
             bar.update(len(chunk))
+            if progress and bar.disable and time.monotonic() - last >= PROGRESS_SECONDS:
+                last = time.monotonic()
+                print(progress_line(count, total, last - started), file=sys.stderr, flush=True)
     return count
+
+
+PROGRESS_SECONDS = 60.0
+
+
+def progress_line(count: int, total: int | None, seconds: float) -> str:
+    """How far a translation is, in one line: lines done (of `total`), their rate, the time left."""
+    rate = count / max(seconds, 1e-9)
+    left = f", about {clock((total - count) / rate)} left" if total and rate else ""
+    return (f"nmt translate: {count:,}{f' of {total:,}' if total else ''} lines in {clock(seconds)} "
+            f"({rate:.1f} lines/s){left}")
+
+
+def clock(seconds: float) -> str:
+    """H:MM:SS."""
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def to_stdout(write: Callable[[], int]) -> int:
@@ -143,7 +166,7 @@ def translate_file(checkpoints: list[Path], input_path: Path | None, output_path
             return to_stdout(lambda: translate_stream(engine, config, source, name, sys.stdout))
         remove_stale_temporaries(output_path.parent)
         with replacing(output_path, "the translation") as tmp, open(tmp, "w", encoding="utf-8") as out:
-            total = line_count(input_path) if input_path and input_path.is_file() and sys.stderr.isatty() else None
+            total = line_count(input_path) if input_path and input_path.is_file() else None
             return translate_stream(engine, config, source, name, out, progress=input_path is not None,
                                     total=total)
     finally:

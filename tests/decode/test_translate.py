@@ -269,3 +269,21 @@ def test_a_file_on_a_terminal_shows_a_bar_of_its_total_and_the_terminal_is_told_
     monkeypatch.setattr("sys.stdout", io.StringIO())
     translate_file([model_path], None, None, on_the_cpu)
     assert "nmt translate: reading lines from the terminal (Ctrl-D ends)" in terminal.getvalue()
+
+
+def test_off_a_terminal_a_long_translation_says_how_far_it_is(tmp_path, monkeypatch):
+    """A log (no terminal, no bar) gets a line every minute: lines done of the file's, the time left."""
+    from conftest import cli, tiny_checkpoint, write_lines
+
+    from nmt_cli.decode import translate as translating
+
+    assert translating.progress_line(100, 400, 50.0) == ("nmt translate: 100 of 400 lines in 0:00:50 (2.0 lines/s), "
+                                                         "about 0:02:30 left")
+    monkeypatch.setattr(translating, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(translating, "CHUNK_LINES", 2)
+    write_lines(tmp_path / "in.txt", ["a b", "c", "d e f", "g", "h"])
+    result = cli("translate", "-m", tiny_checkpoint(tmp_path / "m.pt"), "-i", tmp_path / "in.txt", "-o",
+                 tmp_path / "out.txt", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    said = [line.split(" lines in ")[0] for line in result.stderr.splitlines() if line.startswith("nmt translate: ")]
+    assert said == ["nmt translate: 2 of 5", "nmt translate: 4 of 5", "nmt translate: 5 of 5"]
