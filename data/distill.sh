@@ -12,20 +12,26 @@
 #      decoder alone) with the quickstart's recipe (data/quickstart.yaml) for MINUTES minutes
 #   5. the last 5 checkpoints averaged, a shortlist of the distilled data, and the test set
 #      translated with int8 and the shortlist, timed, and scored
+#   6. the teacher times the test set as the student did (beam 4, no int8 nor shortlist: as it
+#      runs), and their speeds are printed side by side with their ratio
 # Settings: TEACHER (a checkpoint: required), TEACHER_DATA (its data directory: default
-# runs/quickstart/data), RAW (the raw corpus, RAW/{train,val,test_2016_flickr}.{en,de}: default
-# runs/quickstart/raw), WORK (default runs/distill), MINUTES (default 30), THREADS, PRECISION (the
-# student's training: default fastest, measured at each start: PERFORMANCE.md), NBEST (default 4),
-# SPOT_CHECK (default 20), STUDENT_ARCH (default student), TRAIN_ARGS (more `nmt train` flags),
-# SHORTLIST_ARGS (default "--first 100 --best 5"), LENPEN (the test set's: default 1.5, the
-# quickstart's), SRC and TGT (default en, de).
+# runs/quickstart/data of the checkout), RAW (the raw corpus, RAW/{train,val,test_2016_flickr}.{en,de}:
+# default runs/quickstart/raw of the checkout), WORK (default runs/distill of the checkout),
+# MINUTES (the student's training: default 30), SAMPLE (the teacher translates this many training
+# pairs, drawn at random: the whole training set by default, about 80 minutes for Multi30k at
+# NBEST 4 on 2 cores), THREADS, PRECISION (the student's training: default fastest, measured at
+# each start: PERFORMANCE.md), NBEST (default 4), SPOT_CHECK (default 20), STUDENT_ARCH (default
+# student), TRAIN_ARGS (more `nmt train` flags), SHORTLIST_ARGS (default "--first 100 --best 5"),
+# LENPEN (the test set's: default 1.5, the quickstart's), SRC and TGT (default en, de). Paths are
+# taken from where it is called. The teacher's translation says, once a minute off a terminal,
+# how many lines it has done and the time left.
 # Running it again resumes where it stopped: finished steps are kept, training resumes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+CHECKOUT=$(cd "$(dirname "$0")/.." && pwd)
 TEACHER=${TEACHER:?TEACHER=CHECKPOINT bash data/distill.sh}
-TEACHER_DATA=${TEACHER_DATA:-runs/quickstart/data}
-RAW=${RAW:-runs/quickstart/raw}
-WORK=${WORK:-runs/distill}
+TEACHER_DATA=${TEACHER_DATA:-$CHECKOUT/runs/quickstart/data}
+RAW=${RAW:-$CHECKOUT/runs/quickstart/raw}
+WORK=${WORK:-$CHECKOUT/runs/distill}
 MINUTES=${MINUTES:-30}
 THREADS=${THREADS:-$(nproc)}
 SPOT_CHECK=${SPOT_CHECK:-20}
@@ -35,17 +41,39 @@ if ! [[ "$NBEST" =~ ^[1-9][0-9]*$ ]]; then
   echo "distill: NBEST=$NBEST: expected a whole number of hypotheses, 1 or more" >&2
   exit 1
 fi
+if [ -n "${SAMPLE:-}" ] && ! [[ "$SAMPLE" =~ ^[1-9][0-9]*$ ]]; then
+  echo "distill: SAMPLE=$SAMPLE: expected a whole number of training pairs, 1 or more" >&2
+  exit 1
+fi
 SRC=${SRC:-en}
 TGT=${TGT:-de}
 mkdir -p "$WORK/distilled"
-distilled=$WORK/distilled/train
+distilled=$WORK/distilled/train${SAMPLE:+-sample$SAMPLE}
+train=$RAW/train
 
-# 1. The teacher's translations of the training source (nmt translate writes -o only when complete).
+# 1. The teacher's translations of the training source, or of SAMPLE pairs of it (nmt translate
+#    writes -o only when complete).
+if [ -n "${SAMPLE:-}" ]; then
+  train=$WORK/distilled/sample$SAMPLE
+  python3 - "$RAW/train" "$SRC" "$TGT" "$SAMPLE" "$train" <<'PYTHON'
+import os, random, sys
+prefix, src, tgt, count, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+sides = [open(f"{prefix}.{lang}", encoding="utf-8").read().split("\n")[:-1] for lang in (src, tgt)]
+if len(sides[0]) != len(sides[1]):
+    sys.exit(f"distill: {prefix}.{src} has {len(sides[0])} lines, {prefix}.{tgt} {len(sides[1])}")
+numbers = sorted(random.Random(0).sample(range(len(sides[0])), min(count, len(sides[0]))))
+for lang, lines in zip((src, tgt), sides):
+    with open(f"{out}.{lang}.part", "w", encoding="utf-8") as f:
+        f.writelines(lines[n] + "\n" for n in numbers)
+    os.replace(f"{out}.{lang}.part", f"{out}.{lang}")
+print(f"distill: the teacher translates {len(numbers)} of the {len(sides[0])} training pairs (SAMPLE)", file=sys.stderr)
+PYTHON
+fi
 if [ ! -f "$distilled.$TGT" ]; then
   if [ "$NBEST" -gt 1 ]; then
-    nmt translate -m "$TEACHER" -i "$RAW/train.$SRC" -o "$WORK/distilled/nbest.jsonl" --beam "$(( NBEST > 4 ? NBEST : 4 ))" \
+    nmt translate -m "$TEACHER" -i "$train.$SRC" -o "$WORK/distilled/nbest.jsonl" --beam "$(( NBEST > 4 ? NBEST : 4 ))" \
       --nbest "$NBEST" --format jsonl --threads "$THREADS"
-    python3 - "$WORK/distilled/nbest.jsonl" "$RAW/train.$TGT" "$distilled.$TGT.part" <<'PYTHON'
+    python3 - "$WORK/distilled/nbest.jsonl" "$train.$TGT" "$distilled.$TGT.part" <<'PYTHON'
 import json, sys
 from sacrebleu.metrics import CHRF
 chrf = CHRF()
@@ -57,10 +85,10 @@ with open(sys.argv[1], encoding="utf-8") as records, open(sys.argv[2], encoding=
 PYTHON
     mv "$distilled.$TGT.part" "$distilled.$TGT"
   else
-    nmt translate -m "$TEACHER" -i "$RAW/train.$SRC" -o "$distilled.$TGT" --beam 4 --threads "$THREADS"
+    nmt translate -m "$TEACHER" -i "$train.$SRC" -o "$distilled.$TGT" --beam 4 --threads "$THREADS"
   fi
 fi
-cp "$RAW/train.$SRC" "$distilled.$SRC"
+cp "$train.$SRC" "$distilled.$SRC"
 
 # 2. The pairs checked: the line counts, and a spot check of the order.
 source_lines=$(wc -l < "$distilled.$SRC")
@@ -94,7 +122,7 @@ fi
 
 # 4. The student.
 SAVE_EVERY=$(python3 -c "print(max($MINUTES / 15, 0.1))")
-nmt train "$WORK/data" --save-dir "$WORK/ckpt" --config data/quickstart.yaml --arch "${STUDENT_ARCH:-student}" \
+nmt train "$WORK/data" --save-dir "$WORK/ckpt" --config "$CHECKOUT/data/quickstart.yaml" --arch "${STUDENT_ARCH:-student}" \
   --max-time "$MINUTES" --save-interval-minutes "$SAVE_EVERY" --keep-last 5 --threads "$THREADS" \
   --precision "$PRECISION" --quiet ${TRAIN_ARGS:-}
 
@@ -104,6 +132,18 @@ nmt shortlist "$WORK/data" -o "$WORK/shortlist.txt" ${SHORTLIST_ARGS:---first 10
 start=$(date +%s.%N)
 nmt translate -m "$WORK/student.pt" -i "$RAW/test_2016_flickr.$SRC" -o "$WORK/test_2016_flickr.hyp.$TGT" \
   --beam 4 --lenpen "${LENPEN:-1.5}" --quantize int8 --shortlist "$WORK/shortlist.txt" --threads "$THREADS"
-echo "distill: the student translated test_2016_flickr in $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s" \
+student=$(python3 -c "print(round($(date +%s.%N) - $start, 1))")
+echo "distill: the student translated test_2016_flickr in $student s" \
   "(int8, shortlist, $THREADS threads, start-up included)" | tee "$WORK/speed.txt"
 nmt score -r "$RAW/test_2016_flickr.$TGT" -i "$WORK/test_2016_flickr.hyp.$TGT" | tee "$WORK/bleu.txt"
+
+# 6. The teacher on the same test set, as it runs (timed once: kept in teacher_speed.txt).
+if [ ! -f "$WORK/teacher_speed.txt" ]; then
+  start=$(date +%s.%N)
+  nmt translate -m "$TEACHER" -i "$RAW/test_2016_flickr.$SRC" -o "$WORK/test_2016_flickr.teacher.$TGT" --beam 4 \
+    --lenpen "${LENPEN:-1.5}" --threads "$THREADS"
+  python3 -c "print(round($(date +%s.%N) - $start, 1))" > "$WORK/teacher_speed.txt"
+fi
+teacher=$(cat "$WORK/teacher_speed.txt")
+echo "distill: test_2016_flickr in $teacher s by the teacher, $student s by the student: the student" \
+  "$(python3 -c "print(f'{$teacher / max($student, 0.1):.1f}')") times as fast ($THREADS threads)" | tee -a "$WORK/speed.txt"

@@ -4,6 +4,7 @@ short are refused."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,38 +30,43 @@ def test_the_recipe_distills_a_student_and_refuses_pairs_out_of_order(tmp_path):
     run_training(tmp_path / "data", tmp_path / "teacher", LEARNER, max_updates=100, **LEARNER_RECIPE).run()
     work = tmp_path / "work"
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                   "TEACHER": str(tmp_path / "teacher/checkpoint_last.pt"), "TEACHER_DATA": str(tmp_path / "data"),
-                   "RAW": str(raw), "WORK": str(work), "SRC": "src", "TGT": "tgt", "THREADS": "1", "MINUTES": "5",
+                   "TEACHER": "teacher/checkpoint_last.pt", "TEACHER_DATA": "data", "RAW": "raw", "WORK": "work",
+                   "SAMPLE": "50", "SRC": "src", "TGT": "tgt", "THREADS": "1", "MINUTES": "5",
                    "SHORTLIST_ARGS": "--first 3 --best 2",
                    "TRAIN_ARGS": "--max-updates 5 --save-interval-updates 1 --max-tokens 200 --d-model 32 --d-ff 64 "
                                  "--heads 2"}
 
-    def distill() -> subprocess.CompletedProcess:
+    def distill() -> subprocess.CompletedProcess:  # from the run's folder, its paths relative to it
         return subprocess.run(["bash", str(ROOT / "data/distill.sh")], env=environment, capture_output=True,
-                              text=True, timeout=600)
+                              text=True, timeout=600, cwd=tmp_path)
 
     done = distill()
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "distill: 80 pairs, " in done.stderr and " of 20 spot-checked as translated" in done.stderr
-    assert (work / "bleu.txt").read_text().startswith("BLEU") and "int8, shortlist" in (work / "speed.txt").read_text()
+    assert "distill: the teacher translates 50 of the 80 training pairs (SAMPLE)" in done.stderr
+    assert "distill: 50 pairs, " in done.stderr and " of 20 spot-checked as translated" in done.stderr
+    speed = (work / "speed.txt").read_text()
+    assert (work / "bleu.txt").read_text().startswith("BLEU") and "int8, shortlist" in speed
+    assert re.search(r"by the teacher, [\d.]+ s by the student: the student [\d.]+ times as fast", speed), speed
     about = json.loads(cli("info", "-m", work / "student.pt", "--json").stdout)
     assert about["layers"] == "3 encoder, 1 decoder"
-    distilled = work / "distilled/train.tgt"
+    distilled = work / "distilled/train-sample50.tgt"
     lines = distilled.read_text().splitlines()
     write_lines(distilled, lines[1:] + lines[:1])  # shifted by one
     done = distill()
     assert done.returncode == 1 and "the pairs are out of order; remove it and run again" in done.stderr
     write_lines(distilled, lines[:-1])
     done = distill()
-    assert done.returncode == 1 and f"{distilled} has 79 lines" in done.stderr
+    assert done.returncode == 1 and f"{distilled.relative_to(tmp_path)} has 49 lines" in done.stderr
 
 
-@pytest.mark.parametrize("nbest", ["0", "two", "-1"])
-def test_an_nbest_that_is_not_a_count_is_refused_in_one_line_before_any_work(tmp_path, nbest):
+@pytest.mark.parametrize("setting, value, expected", [("NBEST", "0", "hypotheses"), ("NBEST", "two", "hypotheses"),
+                                                       ("NBEST", "-1", "hypotheses"), ("SAMPLE", "0", "training pairs"),
+                                                       ("SAMPLE", "1e3", "training pairs")])
+def test_a_count_that_is_not_one_is_refused_in_one_line_before_any_work(tmp_path, setting, value, expected):
     environment = {**os.environ, "TEACHER": str(tmp_path / "teacher.pt"), "WORK": str(tmp_path / "work"),
-                   "NBEST": nbest}
+                   setting: value}
     done = subprocess.run(["bash", str(ROOT / "data/distill.sh")], env=environment, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1
-    assert done.stderr == f"distill: NBEST={nbest}: expected a whole number of hypotheses, 1 or more\n"
+    assert done.stderr == f"distill: {setting}={value}: expected a whole number of {expected}, 1 or more\n"
     assert not (tmp_path / "work").exists()
