@@ -153,6 +153,6 @@ class ExportConfig(Options):
                        "SentencePiece models); safetensors: one file.", choices=EXPORT_FORMATS)
     quantization: str = knob("float32", "ctranslate2: store the weights in this type (--quantize int8 as "
                              "`nmt translate` and `nmt serve` spell it).", choices=CT2_QUANTIZATIONS,
-                             only_if=_CTRANSLATE2, flags=["--quantization", "--quantize"])
+                             only_if=_CTRANSLATE2, flags=["--quantize", "--quantization"])
     shortlist: Path | None = knob(None, "ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map "
                                   "(use_vmap=True).", path=EXISTING_FILE, only_if=_CTRANSLATE2)

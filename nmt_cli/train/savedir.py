@@ -179,8 +179,8 @@ class SaveDir:
             return
         path, state = self.save_dir / f"checkpoint_{updates}.pt", {**contents(), "rng": states}
         if self.weights_only:
-            ckpt.save(state, self.last)
             ckpt.save({key: value for key, value in state.items() if key not in TRAINING_STATE}, path)
+            ckpt.save(state, self.last)
         else:
             ckpt.save(state, path)
             link(path, self.last)
