@@ -347,10 +347,11 @@ def exported(request, tmp_path_factory):
     return tmp, bundle, sources
 
 
-def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, **changes):
+def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, bos: int | None = None, **changes):
     """A released en-mg model directory as the Hub has it (config.json with the generation settings
     in it, no generation_config.json), smaller, with random weights (`changes`: to config.json;
-    `eos`: the id of </s>, 0 in en-mg, 44670 in tc-big releases); and that MarianMTModel."""
+    `eos`: the id of </s>, 0 in en-mg, 44670 in tc-big releases; `bos`: the id of an ordinary
+    `<s>` entry, 44671 in tc-big releases, none in en-mg); and that MarianMTModel."""
     import json
     import shutil
 
@@ -378,6 +379,9 @@ def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, **changes):
     if eos:  # </s> and the token at `eos` change places
         other = next(token for token, i in vocab.items() if i == eos)
         vocab[other], vocab["</s>"] = vocab["</s>"], eos
+    if bos is not None:  # the token at `bos` is renamed <s>
+        del vocab[next(token for token, i in vocab.items() if i == bos)]
+        vocab["<s>"] = bos
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     return model
 

@@ -13,6 +13,7 @@ permutation commutes with the layer norms and cancels in every projection.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from nmt_cli.interop.export_ctranslate2 import text_files, write_export
 from nmt_cli.interop.release import sines_then_cosines
 from nmt_cli.model.checkpoint import ModelBundle, bundle_of
 from nmt_cli.model.transformer import MultiHeadAttention, SublayerConnection, Transformer
-from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.text.vocab import BOS, BOS_ID, EOS_ID, PAD_ID, SPECIALS
 
 
 def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path, card: CardConfig = CardConfig(),
@@ -230,7 +231,10 @@ def _tokenizer_files(bundle: ModelBundle, out: Path) -> None:
     if not bundle.shared:
         vocabularies.append(("target_vocab.json", bundle.tgt_vocab))
     for name, vocab in vocabularies:
-        ids = {token: i for i, token in enumerate(vocab.tokens)}  # the fillers too: as many as the model's rows
+        tokens = list(vocab.tokens)  # the fillers too: as many as the model's rows
+        if BOS in tokens[len(SPECIALS):]:  # an ordinary <s> (tc-big's) keeps its name; our start, only a row, another
+            tokens[BOS_ID] = next(f"<start{n or ''}>" for n in itertools.count() if f"<start{n or ''}>" not in tokens)
+        ids = {token: i for i, token in enumerate(tokens)}
         (out / name).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
     text = bundle.text
     config = {"tokenizer_class": "MarianTokenizer", "source_lang": text.source_lang, "target_lang": text.target_lang,

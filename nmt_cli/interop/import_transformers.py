@@ -74,7 +74,10 @@ def read_transformers(source: Path, warn: Callable[[str], None]) -> Release:
     weights = transformers_weights(read_weights(source), model_config, shared, len(src_tokens), len(tgt_tokens),
                                    source)
     shared = "src_embed.tokens.weight" not in weights
-    start = src_tokens.index("<s>") if "<s>" in src_tokens else src_ids[0]  # the source side starts nothing
+    # The source side starts nothing: our <s> takes the row of the entry named as the target's start
+    # (nmt-cli's exports: its own; OPUS-MT's: the pad), so an ordinary `<s>` (tc-big's) stays ordinary.
+    name = tgt_tokens[target.start]
+    start = src_tokens.index(name) if name in src_tokens else src_ids[0]
     src = target if shared else Side(src_tokens, src_ids[0], start, src_ids[1], src_ids[2])
     search, never = transformers_search(source, config, target, warn)
     return Release(model_config, weights, src, target, shared, sentencepiece_file(source / "source.spm"),

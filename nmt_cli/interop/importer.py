@@ -53,8 +53,8 @@ def import_model(source: Path, out: Path, warn: Callable[[str], None] = print) -
 def checkpoint_of(release: Release) -> dict[str, Any]:
     """Our checkpoint of `release`: dimensions interleaved again, rows in our vocabulary's order."""
     order = torch.argsort(sines_then_cosines(release.config.d_model))  # our dimension j is Marian's order[j]
-    src_rows, src_tokens = release.source.rows("the source vocabulary")
-    tgt_rows, tgt_tokens = release.target.rows("the target vocabulary")
+    src_rows, src_tokens = release.source.rows()
+    tgt_rows, tgt_tokens = release.target.rows()
     rows = {"src_embed": torch.tensor(src_rows), "tgt_embed": torch.tensor(tgt_rows),
             "output_projection": torch.tensor(tgt_rows)}
     weights: dict[str, Tensor] = {}

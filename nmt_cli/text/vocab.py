@@ -28,14 +28,15 @@ class VocabularyError(NmtError):
 
 
 class Vocabulary:
-    """Tokens in id order; ids 0-3 are pad, bos, eos, unk."""
+    """Tokens in id order; ids 0-3 are pad, bos, eos, unk. A special's name may also be an ordinary
+    token (a released model's `<s>`): it keeps its own id, and text reads as the special."""
 
     def __init__(self, tokens: Sequence[str], counts: Sequence[int] | None = None) -> None:
         self.tokens = list(SPECIALS) + [t for t in tokens]
         self.counts = [0] * len(SPECIALS) + list(counts or [0] * len(tokens))
-        self.index = {token: i for i, token in enumerate(self.tokens)}
-        if len(self.index) != len(self.tokens):
+        if len(set(tokens)) != len(tokens):
             raise VocabularyError("duplicate tokens in vocabulary")
+        self.index = {token: i for i, token in reversed(list(enumerate(self.tokens)))}  # a special's id first
         # The entries `build` padded with: the trailing run of filler names (a checkpoint keeps no counts).
         self.fillers = list(itertools.takewhile(lambda i: _is_filler(self.tokens[i]),
                                                 range(len(self.tokens) - 1, len(SPECIALS) - 1, -1)))[::-1]
@@ -88,9 +89,8 @@ class Vocabulary:
             if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
                 raise VocabularyError(f"{source}:{number}: expected 'token count', got {line[:60]!r}")
             token = parts[0]
-            if token in seen or token in SPECIALS:
-                first = seen.get(token, "the built-in specials")
-                raise VocabularyError(f"{source}:{number}: duplicate token {token!r} (also on line {first})")
+            if token in seen:
+                raise VocabularyError(f"{source}:{number}: duplicate token {token!r} (also on line {seen[token]})")
             seen[token] = number
             tokens.append(token)
             counts.append(int(parts[1]))

@@ -30,10 +30,11 @@ def released(tmp_path_factory):
     return tmp, model, tokenizer, Translator.load(tmp / "imported.pt", device="cpu")
 
 
-# Releases besides en-mg's own layout: tc-big's </s> far from 0, with the options released models
-# differ in (an untied output, unscaled embeddings, GELU).
+# Releases besides en-mg's own layout: tc-big's </s> far from 0 and its ordinary <s> beside it,
+# with the options released models differ in (an untied output, unscaled embeddings, GELU).
 VARIANTS = {"en-mg": {}, "tc-big ids, untied, unscaled, gelu": {
-    "eos": 44670, "tie_word_embeddings": False, "scale_embedding": False, "activation_function": "gelu"}}
+    "eos": 44670, "bos": 44671, "tie_word_embeddings": False, "scale_embedding": False,
+    "activation_function": "gelu"}}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -66,6 +67,22 @@ def test_token_ids_are_marian_tokenizers(any_release):
     targets = [marian_ids(tokenizer, pipeline.tgt_vocab, pipeline.target_ids(line, k, "reference") + [EOS_ID])
                for k, line in enumerate(german)]
     assert targets == tokenizer(text_target=german)["input_ids"]
+
+
+@pytest.mark.slow
+def test_an_ordinary_s_token_keeps_its_row_and_is_written_as_transformers_decodes_it(any_release):
+    """tc-big's vocabularies hold `<s>` as an ordinary entry: imported, it is one of ours (its own
+    row: the logits test), and an output holding it is written as MarianTokenizer.decode writes it."""
+    tmp, _, tokenizer, translator = any_release
+    if "<s>" not in tokenizer.encoder:
+        pytest.skip("this release's vocabulary has no <s> entry")
+    pipeline = translator.engine.pipeline
+    ordinary = pipeline.tgt_vocab.tokens.index("<s>", 4)
+    for line in multi30k_lines(20, "de"):
+        ids = pipeline.target_ids(line, 1, "reference")
+        ids = ids[:2] + [ordinary] + ids[2:] + [ordinary]
+        theirs = tokenizer.decode(marian_ids(tokenizer, pipeline.tgt_vocab, ids), skip_special_tokens=True)
+        assert pipeline.text(ids) == theirs
 
 
 @pytest.mark.slow
@@ -234,8 +251,9 @@ def weights(path):
 
 
 @pytest.mark.slow
-def test_an_imported_model_exported_and_imported_again_is_the_same(released):
-    tmp = released[0]
+def test_an_imported_model_exported_and_imported_again_is_the_same(any_release):
+    """Every layout, tc-big's ordinary `<s>` too (the export names our start another way)."""
+    tmp = any_release[0]
     assert cli("export", "-m", tmp / "imported.pt", "--format", "transformers", "-o", tmp / "again").exit_code == 0
     import_model(tmp / "again", tmp / "again.pt")
     first, second = ckpt.load(tmp / "imported.pt"), ckpt.load(tmp / "again.pt")

@@ -51,12 +51,22 @@ def test_file_round_trip(tmp_path):
     "text,message",
     [("a 1\nb 2\na 3\n", r"dict.txt:3: duplicate token 'a' \(also on line 1\)"),
      ("a 1\nb\n", "dict.txt:2: expected 'token count'"),
-     ("<unk> 4\n", "dict.txt:1: duplicate token '<unk>'")],
+     ("<unk> 4\nx 1\n<unk> 2\n", r"dict.txt:3: duplicate token '<unk>' \(also on line 1\)")],
 )
 def test_bad_vocabulary_files_name_file_and_line(tmp_path, text, message):
     (tmp_path / "dict.txt").write_text(text)
     with pytest.raises(VocabularyError, match=message):
         Vocabulary.load(tmp_path / "dict.txt")
+
+
+def test_a_specials_name_may_be_an_ordinary_token_too(tmp_path):
+    """A released model's vocabulary may hold `<s>` as an ordinary entry (OPUS-MT tc-big): it keeps
+    its own id and name; text that reads `<s>` is our special."""
+    vocab = Vocabulary(["a", "<s>", "b"])
+    assert vocab.tokens[4:] == ["a", "<s>", "b"] and vocab.decode([5]) == ["<s>"]
+    assert vocab.encode(["<s>", "b"]) == [BOS_ID, 6]
+    vocab.save(tmp_path / "dict.txt")
+    assert Vocabulary.load(tmp_path / "dict.txt") == vocab
 
 
 def test_fillers_are_known_and_never_read_from_text():
