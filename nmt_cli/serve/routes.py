@@ -114,13 +114,8 @@ class Service:
         """The answer to a request that may not go on (a missing or unknown key, too many of either
         from its address, too many requests, a body too large to read for its key), else None."""
         key = bearer(request.headers.get("authorization"))
-        if request.url.path == "/metrics":  # Prometheus scrapes it: open, or behind --metrics-key
-            wanted = self.config.metrics_key
-            if wanted is None or key is not None and hmac.compare_digest(key.encode(), wanted.encode()):
-                return None
-            return JSONResponse({"error": "/metrics asks for the server's --metrics-key: send the header "
-                                          "Authorization: Bearer KEY"}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+        if request.url.path == "/metrics":
+            return self.scrape_refusal(key)
         if is_open(request.url.path):
             return None
         address = request.client.host if request.client else "-"
@@ -140,6 +135,14 @@ class Service:
         if self.limit and (wait := self.limit.wait(key or address)):
             return too_many(wait, f"more than the server's --rate-limit {self.config.rate_limit} requests a minute")
         return None
+
+    def scrape_refusal(self, key: str | None) -> Response | None:
+        """/metrics: open to Prometheus (no --api-keys key), or behind --metrics-key."""
+        wanted = self.config.metrics_key
+        if wanted is None or key is not None and hmac.compare_digest(key.encode(), wanted.encode()):
+            return None
+        return JSONResponse({"error": "/metrics asks for the server's --metrics-key: send the header Authorization: "
+                                      "Bearer KEY"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 def too_many(wait: int, what: str) -> JSONResponse:
