@@ -16,7 +16,16 @@ from torch import Tensor
 
 from nmt_cli.errors import NmtError
 from nmt_cli.files import small_file
-from nmt_cli.interop.release import Release, Side, sentencepiece_file, setting, token_id, tokens_by_id
+from nmt_cli.interop.release import (
+    Release,
+    Side,
+    marian_text,
+    sentencepiece_file,
+    setting,
+    sines_then_cosines,
+    token_id,
+    tokens_by_id,
+)
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.text.pieces import load_sentencepiece
 
@@ -55,9 +64,10 @@ def read_marian(source: Path, warn: Callable[[str], None]) -> Release:
               "max_len_b": 0, "allow_unk": setting(decoder, "allow-unk", bool, False, where)}
     if decoder.get("word-penalty"):
         warn(f"warning: {source / 'decoder.yml'}: word-penalty not carried over (nmt-cli's search has none)")
-    return Release(model_config, ours, sides[0], sides[1], shared, *map(sentencepiece_file, spm),
-                   (str(decoder.get("source-language") or "src"), str(decoder.get("target-language") or "tgt")),
-                   search, [], f"Marian ({path.name})")
+    source_spm, target_spm = map(sentencepiece_file, spm)
+    langs = (str(decoder.get("source-language") or "src"), str(decoder.get("target-language") or "tgt"))
+    return Release(model_config, ours, sides[0], sides[1], shared, marian_text(langs), source_spm, target_spm, None,
+                   search, [], f"Marian ({path.name})", sines_then_cosines(model_config.d_model))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

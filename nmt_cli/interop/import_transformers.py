@@ -22,6 +22,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.interop.release import (
     Release,
     Side,
+    marian_text,
     read_json,
     sentencepiece_file,
     setting,
@@ -80,10 +81,10 @@ def read_transformers(source: Path, warn: Callable[[str], None]) -> Release:
     start = src_tokens.index(name) if name in src_tokens else src_ids[0]
     src = target if shared else Side(src_tokens, src_ids[0], start, src_ids[1], src_ids[2])
     search, never = transformers_search(source, config, target, warn)
-    return Release(model_config, weights, src, target, shared, sentencepiece_file(source / "source.spm"),
-                   sentencepiece_file(source / "target.spm"), (str(tokenizer.get("source_lang") or "src"),
-                                                   str(tokenizer.get("target_lang") or "tgt")),
-                   search, never, f"transformers MarianMTModel ({source.name})")
+    langs = (str(tokenizer.get("source_lang") or "src"), str(tokenizer.get("target_lang") or "tgt"))
+    return Release(model_config, weights, src, target, shared, marian_text(langs),
+                   sentencepiece_file(source / "source.spm"), sentencepiece_file(source / "target.spm"), None, search,
+                   never, f"transformers MarianMTModel ({source.name})", sines_then_cosines(model_config.d_model))
 
 
 def vocabulary(path: Path) -> list[str]:

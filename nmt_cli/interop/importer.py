@@ -1,6 +1,7 @@
-"""`nmt import`: a released Marian model as an nmt-cli checkpoint that translates, serves, scores,
-exports and fine-tunes like one trained here. Two release formats: a Hugging Face `MarianMTModel`
-directory (import_transformers.py) and Marian's own (import_marian.py).
+"""`nmt import`: a released Marian model, or a fairseq checkpoint, as an nmt-cli checkpoint that
+translates, serves, scores, exports and fine-tunes like one trained here. Three formats: a Hugging
+Face `MarianMTModel` directory (import_transformers.py), Marian's own (import_marian.py), and a
+fairseq checkpoint file with its dictionaries (import_fairseq.py).
 
 A Marian Transformer is ours (§3) up to three layouts, which the import undoes exactly:
 - its sinusoid puts a position's sines first, then its cosines, where §3.5 (and we) interleave
@@ -22,23 +23,28 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.interop.import_fairseq import read_fairseq
 from nmt_cli.interop.import_marian import read_marian
 from nmt_cli.interop.import_transformers import read_transformers
-from nmt_cli.interop.release import Release, sines_then_cosines
+from nmt_cli.interop.release import Release
 from nmt_cli.model.checkpoint import checked_model, description, save
 from nmt_cli.model.released import Released
 from nmt_cli.text.vocab import Vocabulary
 
 
-def import_model(source: Path, out: Path, warn: Callable[[str], None] = print) -> dict[str, Any]:
-    """Read the release in directory `source`, write it to `out` as a checkpoint (atomically), and
-    return that checkpoint."""
+def import_model(source: Path, out: Path, warn: Callable[[str], None] = print,
+                 fairseq: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Read the release in directory `source` (or the fairseq checkpoint file `source`, with the
+    `fairseq` options of read_fairseq), write it to `out` as a checkpoint (atomically), and return
+    that checkpoint."""
     source = Path(source)
-    if not source.is_dir():
-        raise NmtError(f"{source}: not a directory (give the directory of a released model)")
-    if (source / "config.json").is_file():
+    if source.is_file():
+        release = read_fairseq(source, **{"source_lang": None, "target_lang": None, "data_dir": None,
+                                          "bpe_codes": None, "tokenizer": "moses", **(fairseq or {})})
+    elif not source.is_dir():
+        raise NmtError(f"{source}: neither a directory (a released model) nor a file (a fairseq checkpoint)")
+    elif (source / "config.json").is_file():
         release = read_transformers(source, warn)
     elif any(source.glob("*.npz")):
         release = read_marian(source, warn)
@@ -52,29 +58,30 @@ def import_model(source: Path, out: Path, warn: Callable[[str], None] = print) -
 
 def checkpoint_of(release: Release) -> dict[str, Any]:
     """Our checkpoint of `release`: dimensions interleaved again, rows in our vocabulary's order."""
-    order = torch.argsort(sines_then_cosines(release.config.d_model))  # our dimension j is Marian's order[j]
+    order = torch.arange(release.config.d_model) if release.order is None else torch.argsort(release.order)
     src_rows, src_tokens = release.source.rows()
     tgt_rows, tgt_tokens = release.target.rows()
     rows = {"src_embed": torch.tensor(src_rows), "tgt_embed": torch.tensor(tgt_rows),
             "output_projection": torch.tensor(tgt_rows)}
     weights: dict[str, Tensor] = {}
     for name in list(release.weights):  # each released tensor let go once converted: one model's memory, not two
-        weights[name] = permuted(name, release.weights.pop(name).float(), order, rows.get(name.split(".")[0]))
+        by_token = name.endswith("tokens.weight") or name.startswith("output_projection")
+        weights[name] = permuted(name, release.weights.pop(name).float(), order,
+                                 rows.get(name.split(".")[0]) if by_token else None)
     if release.shared:
         weights["src_embed.tokens.weight"] = weights["tgt_embed.tokens.weight"]
     if release.config.tied_output:
         weights["output_projection.weight"] = weights["tgt_embed.tokens.weight"]
-    text = TextConfig(source_lang=release.langs[0], target_lang=release.langs[1], subword="sentencepiece",
-                      language_codes=True)
-    return description(release.config, weights, release.shared, text, None, Vocabulary(src_tokens),
-                       Vocabulary(tgt_tokens), release.source_spm,
+    return description(release.config, weights, release.shared, release.text, release.bpe_codes,
+                       Vocabulary(src_tokens), Vocabulary(tgt_tokens), release.source_spm,
                        None if release.target_spm == release.source_spm else release.target_spm,
                        Released(release.search, tuple(release.never_output), release.origin))
 
 
 # Where a weight reads the residual stream (its input dimension) or writes it (its output
 # dimension, biases and layer norms), by the ending of its name.
-_READS = (".qkv.weight", ".q.weight", ".kv.weight", ".w1.weight", "tokens.weight", "output_projection.weight")
+_READS = (".qkv.weight", ".q.weight", ".kv.weight", ".w1.weight", "tokens.weight", "output_projection.weight",
+          "learned.weight")  # (a table of positions: a row per position, written into the stream)
 _WRITES = (".out.weight", ".out.bias", ".w2.weight", ".w2.bias", "norm.weight", "norm.bias")
 
 

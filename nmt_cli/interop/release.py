@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import small_file
 from nmt_cli.model.architecture import ModelConfig
@@ -49,22 +50,31 @@ class Side:
 @dataclass
 class Release:
     """A released model as read from its files, before it becomes ours: weights under our names in
-    Marian's layout (sines first; rows in its token ids)."""
+    its own layout (rows in its token ids; its residual stream's dimensions in the order whose
+    argsort is `order`: Marian's sines first, see `sines_then_cosines`; None: ours), its text
+    pipeline (settings, BPE codes or SentencePiece models), its search settings."""
 
     config: ModelConfig
     weights: dict[str, Tensor]
     source: Side
     target: Side
     shared: bool
-    source_spm: bytes
-    target_spm: bytes
-    langs: tuple[str, str]
+    text: TextConfig
+    source_spm: bytes | None = None
+    target_spm: bytes | None = None
+    bpe_codes: str | None = None
     search: dict[str, Any] = field(default_factory=dict)
     never_output: list[str] = field(default_factory=list)
     origin: str = ""
+    order: Tensor | None = None
 
 
 FILE_BYTES = 64 << 20  # a release's configurations, vocabularies and SentencePiece models: a few MB at most
+
+
+def marian_text(langs: tuple[str, str]) -> TextConfig:
+    """The text settings of a Marian release: SentencePiece, a line's leading >>code<< kept."""
+    return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="sentencepiece", language_codes=True)
 
 
 def read_json(path: Path) -> Any:

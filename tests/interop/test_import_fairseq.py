@@ -1,0 +1,65 @@
+"""`nmt import` of fairseq checkpoints: two small real ones made by fairseq 0.12.2 itself
+(tests/fixtures/fairseq/make.sh: post-norm with separate dictionaries and an untied output;
+pre-norm with one dictionary, all embeddings shared and GELU), read without running pickled code,
+and fairseq-generate's own translations of them as the oracle."""
+
+import argparse
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cli
+
+from nmt_cli.errors import NmtError
+from nmt_cli.interop.importer import import_model
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fairseq"
+WORDS = {"source_lang": "en", "target_lang": "de", "tokenizer": "none"}  # the fixtures' text: whitespace tokens
+
+
+@pytest.mark.parametrize("variant", ["post", "pre"])
+def test_greedy_translations_are_fairseq_generates(tmp_path, variant):
+    result = cli("import", FIXTURES / variant / "checkpoint.pt", "-o", tmp_path / "m.pt", "-s", "en", "-t", "de",
+                 "--tokenizer", "none")
+    assert result.exit_code == 0, result.output
+    lines = (FIXTURES / "valid.en").read_text()
+    ours = cli("translate", "-m", tmp_path / "m.pt", "--beam", 1, "--device", "cpu", input=lines)
+    assert ours.exit_code == 0, ours.output
+    assert ours.stdout.splitlines() == (FIXTURES / variant / "valid.beam1.de").read_text().splitlines()
+
+
+def options_changed(path: Path, **changes) -> None:
+    """The fixture checkpoint with `changes` to its model options, saved to `path`."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(FIXTURES / "post" / "checkpoint.pt", weights_only=True)
+    for name, value in changes.items():
+        setattr(state["cfg"]["model"], name, value)
+    torch.save(state, path)
+
+
+def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (print, ("ran code from the file",))
+
+    torch.save({"model": {}, "cfg": Payload()}, tmp_path / "code.pt")
+    with pytest.raises(NmtError, match="code.pt: refused: it holds print, which no fairseq checkpoint's weights or "
+                                       "options are \\(nothing in it was run\\)$"):
+        import_model(tmp_path / "code.pt", tmp_path / "out.pt", fairseq=WORDS)
+    options_changed(tmp_path / "norm.pt", layernorm_embedding=True)
+    shutil.copy(FIXTURES / "post" / "dict.en.txt", tmp_path)
+    shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
+    with pytest.raises(NmtError, match="norm.pt: --layernorm-embedding True: a layer norm on the embeddings"):
+        import_model(tmp_path / "norm.pt", tmp_path / "out.pt", fairseq=WORDS)
+    options_changed(tmp_path / "ffn.pt", decoder_ffn_embed_dim=64)
+    with pytest.raises(NmtError, match="--encoder-ffn-embed-dim 32 and --decoder-ffn-embed-dim 64: nmt-cli's encoder"):
+        import_model(tmp_path / "ffn.pt", tmp_path / "out.pt", fairseq=WORDS)
+    with pytest.raises(NmtError, match="its configuration names no languages: give -s SRC -t TGT"):
+        import_model(FIXTURES / "post" / "checkpoint.pt", tmp_path / "out.pt", fairseq={"tokenizer": "none"})
+    (tmp_path / "dict.de.txt").unlink()
+    with pytest.raises(NmtError, match="no dict.SRC.txt and dict.TGT.txt beside it"):
+        import_model(tmp_path / "norm.pt", tmp_path / "out.pt", fairseq=WORDS)
+    assert not (tmp_path / "out.pt").exists()
+    refused = cli("import", FIXTURES, "-o", tmp_path / "out.pt", "--data-dir", FIXTURES)
+    assert refused.exit_code == 2 and "--data-dir applies only to a fairseq checkpoint (a file)" in refused.output
