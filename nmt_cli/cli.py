@@ -182,13 +182,9 @@ def average_checkpoints(checkpoints: tuple[Path, ...], inputs: bool, save_dir: P
 
 
 def model_defaults(params: dict[str, Any]) -> dict[str, Any]:
-    """The search settings of the first model given, which `nmt translate` runs with where no flag
-    sets them (an imported release's, else none)."""
-    from nmt_cli.model.checkpoint import load
-    from nmt_cli.model.released import Released
+    from nmt_cli.decode.translate import model_defaults as defaults  # torch: only for --dump-config
 
-    models = params.get("models") or ()
-    return Released.from_dict(load(models[0]).get("released")).search if models else {}
+    return defaults(params.get("models") or ())
 
 
 @main.command(inputs_decide=model_defaults)
@@ -263,30 +259,23 @@ def shortlist(data_dir: Path, output: Path, first: int, best: int) -> None:
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The checkpoint to write (.pt).")
-@click.option("-s", "--source-lang", help="fairseq: the source language, where its checkpoint does not say.")
-@click.option("-t", "--target-lang", help="fairseq: the target language, where its checkpoint does not say.")
+@click.option("-s", "--source-lang", help="fairseq: the languages, where its checkpoint does not say them.")
+@click.option("-t", "--target-lang", help="fairseq: see -s.")
 @click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="fairseq: the folder of dict.SRC.txt and dict.TGT.txt [default: the checkpoint's, then the data "
-                   "path of its configuration].")
+              help="fairseq: the folder of dict.SRC.txt and dict.TGT.txt [default: the checkpoint's, its data's].")
 @click.option("--bpe-codes", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="fairseq: the subword-nmt codes its text was segmented with (none: its dictionaries' tokens are "
-                   "words).")
+              help="fairseq: the subword-nmt codes of its text (none: its dictionaries hold words).")
 @click.option("--tokenizer", type=click.Choice(["moses", "none"]), default="moses", show_default=True,
-              help="fairseq: how its text was tokenized (fairseq's recipes: Moses).")
+              help="fairseq: how its text was tokenized.")
 def import_model(source: Path, output: Path, **fairseq: Any) -> None:
-    """Make a released Marian model, or a fairseq checkpoint, a checkpoint.
+    """Import a Marian release or a fairseq checkpoint.
 
-    SOURCE: a Hugging Face MarianMTModel directory (the OPUS-MT models), Marian's own release
-    (model.npz, decoder.yml, vocabularies, .spm files), or a fairseq checkpoint file (read without
-    running code from it). The checkpoint translates, serves, scores, exports and fine-tunes like
-    one trained here, with the release's decoding settings as defaults."""
+    SOURCE: a MarianMTModel directory (OPUS-MT), Marian's own release (model.npz, decoder.yml,
+    vocabularies, .spm files) or a fairseq checkpoint file, read without running code from it: a
+    checkpoint like one trained here, with the release's decoding settings as defaults."""
     from nmt_cli.files import destination
     from nmt_cli.interop.importer import import_model
 
-    given = [flag for flag, value in (("--data-dir", fairseq["data_dir"]), ("--bpe-codes", fairseq["bpe_codes"]),
-                                      ("-s", fairseq["source_lang"]), ("-t", fairseq["target_lang"])) if value]
-    if given and not source.is_file():
-        raise click.UsageError(f"{given[0]} applies only to a fairseq checkpoint (a file)")
     inputs = [source, *filter(None, [fairseq["data_dir"], fairseq["bpe_codes"]])]
     checkpoint = import_model(source, destination(output, "checkpoint", inputs=inputs),
                               warn=lambda message: click.echo(message, err=True), fairseq=fairseq)

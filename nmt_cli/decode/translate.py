@@ -16,9 +16,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from nmt_cli.decode.engine import CHUNK_LINES, Engine, model_search
 from nmt_cli.decode.records import attention_record, score_record, translations_record
@@ -28,7 +28,8 @@ from nmt_cli.device import tune
 from nmt_cli.errors import NmtError
 from nmt_cli.files import destination, reason, remove_stale_temporaries, replacing
 from nmt_cli.lines import arriving_chunks, line_count
-from nmt_cli.model.checkpoint import load_bundle
+from nmt_cli.model.checkpoint import load, load_bundle
+from nmt_cli.model.released import Released
 from nmt_cli.run_config import TranslateConfig
 
 
@@ -136,6 +137,12 @@ def to_stdout(write: Callable[[], int]) -> int:
         if isinstance(e, BrokenPipeError):  # the reader went away (`| head`): end as a shell tool does, quietly
             raise SystemExit(128 + signal.SIGPIPE) from None
         raise NmtError(f"<stdout>: cannot write the translation ({reason(e)})") from None
+
+
+def model_defaults(checkpoints: Sequence[Path]) -> dict[str, Any]:
+    """The search settings of the first of `checkpoints`, which `nmt translate` runs with where no
+    flag sets them (an imported release's, else none): --dump-config shows them."""
+    return Released.from_dict(load(checkpoints[0]).get("released")).search if checkpoints else {}
 
 
 def translate_file(checkpoints: list[Path], input_path: Path | None, output_path: Path | None,

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import Release, Side
+from nmt_cli.interop.release import Release, Side, layer_weights
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.text.vocab import Vocabulary
 
@@ -199,30 +199,6 @@ def fairseq_weights(state: dict[str, Tensor], config: ModelConfig, shared: bool,
         if config.norm == "pre":
             for kind in ("weight", "bias"):
                 weights[f"{side}_norm.{kind}"] = take(f"{side}.layer_norm.{kind}")
-    return weights
-
-
-def layer_weights(take: Any, side: str, i: int) -> dict[str, Tensor]:
-    """Layer `i` of the encoder or decoder: Q, K and V of self-attention fused as ours are, K and V
-    of encoder-decoder attention, the FFN, and a norm per sublayer."""
-    ours, theirs = f"{side}_layers.{i}.", f"{side}.layers.{i}."
-    attentions = [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if side == "decoder" else [])
-    norms = ["self_attn_layer_norm"] + (["encoder_attn_layer_norm"] if side == "decoder" else [])
-    weights: dict[str, Tensor] = {}
-    for n, ((mine, name), norm) in enumerate(zip(attentions, norms)):
-        q, k, v, o = (f"{theirs}{name}.{p}_proj." for p in ("q", "k", "v", "out"))
-        fused = ("qkv", (q, k, v)) if mine == "self_attn" else ("kv", (k, v))
-        for kind in ("weight", "bias"):
-            weights[f"{ours}{mine}.{fused[0]}.{kind}"] = torch.cat([take(p + kind) for p in fused[1]])
-            weights[f"{ours}{mine}.out.{kind}"] = take(o + kind)
-            weights[f"{ours}sublayers.{n}.norm.{kind}"] = take(f"{theirs}{norm}.{kind}")
-            if mine == "cross_attn":
-                weights[f"{ours}{mine}.q.{kind}"] = take(q + kind)
-    last = len(attentions)
-    for kind in ("weight", "bias"):
-        weights[f"{ours}ffn.w1.{kind}"] = take(f"{theirs}fc1.{kind}")
-        weights[f"{ours}ffn.w2.{kind}"] = take(f"{theirs}fc2.{kind}")
-        weights[f"{ours}sublayers.{last}.norm.{kind}"] = take(f"{theirs}final_layer_norm.{kind}")
     return weights
 
 

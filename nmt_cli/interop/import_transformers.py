@@ -22,6 +22,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.interop.release import (
     Release,
     Side,
+    layer_weights,
     marian_text,
     read_json,
     sentencepiece_file,
@@ -232,23 +233,7 @@ def transformers_weights(state: dict[str, Tensor], config: ModelConfig, shared: 
             check_positions(stored, d, source / f"{side}.embed_positions.weight")
     for side, layers in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
         for i in range(layers):
-            ours, theirs = f"{side}_layers.{i}.", f"{side}.layers.{i}."
-            attentions = [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if side == "decoder" else [])
-            norms = ["self_attn_layer_norm"] + (["encoder_attn_layer_norm"] if side == "decoder" else [])
-            for n, ((mine, name), norm) in enumerate(zip(attentions, norms)):
-                q, k, v, o = (theirs + f"{name}.{p}_proj." for p in ("q", "k", "v", "out"))
-                fused = {"self_attn": ("qkv", (q, k, v)), "cross_attn": ("kv", (k, v))}[mine]
-                for kind in ("weight", "bias"):
-                    weights[f"{ours}{mine}.{fused[0]}.{kind}"] = torch.cat([take(p + kind) for p in fused[1]])
-                    weights[f"{ours}{mine}.out.{kind}"] = take(o + kind)
-                    weights[f"{ours}sublayers.{n}.norm.{kind}"] = take(f"{theirs}{norm}.{kind}")
-                    if mine == "cross_attn":
-                        weights[f"{ours}{mine}.q.{kind}"] = take(q + kind)
-            last = len(attentions)
-            for kind in ("weight", "bias"):
-                weights[f"{ours}ffn.w1.{kind}"] = take(f"{theirs}fc1.{kind}")
-                weights[f"{ours}ffn.w2.{kind}"] = take(f"{theirs}fc2.{kind}")
-                weights[f"{ours}sublayers.{last}.norm.{kind}"] = take(f"{theirs}final_layer_norm.{kind}")
+            weights.update(layer_weights(take, side, i))
     return weights
 
 

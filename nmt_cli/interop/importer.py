@@ -39,9 +39,14 @@ def import_model(source: Path, out: Path, warn: Callable[[str], None] = print,
     `fairseq` options of read_fairseq), write it to `out` as a checkpoint (atomically), and return
     that checkpoint."""
     source = Path(source)
+    options = {"source_lang": None, "target_lang": None, "data_dir": None, "bpe_codes": None, "tokenizer": "moses",
+               **(fairseq or {})}
+    given = [name for name in ("data_dir", "bpe_codes", "source_lang", "target_lang") if options[name]]
+    if given and not source.is_file():
+        raise NmtError(f"--{given[0].replace('_', '-')}: only a fairseq checkpoint (a file) takes it; {source} is "
+                       "not one")
     if source.is_file():
-        release = read_fairseq(source, **{"source_lang": None, "target_lang": None, "data_dir": None,
-                                          "bpe_codes": None, "tokenizer": "moses", **(fairseq or {})})
+        release = read_fairseq(source, **options)
     elif not source.is_dir():
         raise NmtError(f"{source}: neither a directory (a released model) nor a file (a fairseq checkpoint)")
     elif (source / "config.json").is_file():

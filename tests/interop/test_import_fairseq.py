@@ -62,4 +62,4 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
         import_model(tmp_path / "norm.pt", tmp_path / "out.pt", fairseq=WORDS)
     assert not (tmp_path / "out.pt").exists()
     refused = cli("import", FIXTURES, "-o", tmp_path / "out.pt", "--data-dir", FIXTURES)
-    assert refused.exit_code == 2 and "--data-dir applies only to a fairseq checkpoint (a file)" in refused.output
+    assert refused.exit_code == 1 and "--data-dir: only a fairseq checkpoint (a file) takes it" in refused.output
