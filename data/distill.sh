@@ -23,8 +23,8 @@
 # each start: PERFORMANCE.md), NBEST (default 4), SPOT_CHECK (default 20), STUDENT_ARCH (default
 # student), TRAIN_ARGS (more `nmt train` flags), SHORTLIST_ARGS (default "--first 100 --best 5"),
 # LENPEN (the test set's: default 1.5, the quickstart's), SRC and TGT (default en, de). Paths are
-# taken from where it is called. The teacher's translation says, once a minute off a terminal,
-# how many lines it has done and the time left.
+# taken from where it is called. Off a terminal, the teacher's translation says how many lines it
+# has done and the time left after each 4,096 lines (at most once a minute).
 # Running it again resumes where it stopped: finished steps are kept, training resumes.
 set -euo pipefail
 CHECKOUT=$(cd "$(dirname "$0")/.." && pwd)

@@ -88,7 +88,8 @@ def translate_stream(engine: Engine, config: TranslateConfig, source: IO[bytes],
     input pauses, and each chunk's lines are flushed: a program that writes a line and waits for it
     is answered.
     With `progress` on a terminal, a bar of the lines (of `total`, with an ETA, when known); off a
-    terminal (a log), a line every PROGRESS_SECONDS."""
+    terminal (a log), a line after a chunk of CHUNK_LINES lines when PROGRESS_SECONDS have passed
+    since the last."""
     from tqdm import tqdm
 
     count, started = 0, time.monotonic()
