@@ -149,7 +149,7 @@ def train(data_dir: Path, save_dir: Path, arch: str, reset: bool, init_from: Pat
         model_config = build_model_config(arch, options)
     else:
         model_flags = fields_of(ModelConfig, options)
-        given = sorted(given_flags() & {"arch", *model_flags})
+        given = sorted(changed_flags() & {"arch", *model_flags})  # a dumped file holds --arch base
         model_config = fine_tuning_config(init_from, {name: model_flags.get(name) for name in given})
     config = build(TrainConfig, **options)
     TrainingRun(data_dir, save_dir, model_config, config, reset, init_from, progress_bar=not quiet).run()

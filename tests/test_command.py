@@ -91,6 +91,11 @@ def test_the_dumped_configuration_reads_back_and_trains(tmp_path):
     assert (tmp_path / "ckpt/checkpoint_last.pt").is_file()
     architecture = json.loads(cli("info", "-m", tmp_path / "ckpt/checkpoint_last.pt", "--json").stdout)["architecture"]
     assert "d_model 32" in architecture and "scale_embeddings False" in architecture
+    tuning = cli("train", data, "--save-dir", tmp_path / "tuned", "--init-from", tmp_path / "ckpt/checkpoint_last.pt",
+                 "--max-updates", 1, "--device", "cpu", "--quiet", "--dump-config")  # holds the default --arch base
+    (tmp_path / "tuning.yaml").write_text(tuning.stdout)
+    tuned = cli("train", "--config", tmp_path / "tuning.yaml")
+    assert tuned.exit_code == 0 and (tmp_path / "tuned/checkpoint_last.pt").is_file(), tuned.output
 
 
 def test_the_quickstart_recipe_is_a_config_file_of_nmt_train():
