@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli
+from conftest import cli, multi30k_lines
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
@@ -23,7 +23,7 @@ def test_greedy_translations_are_fairseq_generates(tmp_path, variant):
     result = cli("import", FIXTURES / variant / "checkpoint.pt", "-o", tmp_path / "m.pt", "-s", "en", "-t", "de",
                  "--tokenizer", "none")
     assert result.exit_code == 0, result.output
-    lines = (FIXTURES / "valid.en").read_text()
+    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))  # fairseq's valid split
     ours = cli("translate", "-m", tmp_path / "m.pt", "--beam", 1, "--device", "cpu", input=lines)
     assert ours.exit_code == 0, ours.output
     assert ours.stdout.splitlines() == (FIXTURES / variant / "valid.beam1.de").read_text().splitlines()
