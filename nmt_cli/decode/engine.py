@@ -118,6 +118,9 @@ class Engine:
         length limit, or a phrase to avoid inside a phrase to include, is refused naming the line
         (no translation could do both); a line whose phrases cannot fit its length limit is warned
         once. The target ids of each line's phrases to include and to avoid (None: none given)."""
+        phrased = any(constraints or []) or any(avoid or [])
+        if not phrased and not config.min_len:
+            return None  # nothing to check: no lengths to compute
         number = range(first_number, first_number + len(sources))
         limits = max_lengths(torch.tensor([len(s) for s in sources], dtype=torch.long), config,
                              self.generator.models.max_positions).tolist()
@@ -125,7 +128,7 @@ class Engine:
             if config.min_len > limit:
                 raise NmtError(f"line {n}: --min-len {config.min_len} is more than its output may hold ({limit} "
                                "tokens, from --max-len-a, --max-len-b, --max-len and the model's positions)")
-        if not any(constraints or []) and not any(avoid or []):
+        if not phrased:
             return None
         if config.sampling:
             raise NmtError("constraints apply to beam search, not with --sampling")

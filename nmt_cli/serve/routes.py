@@ -150,26 +150,30 @@ def too_many(wait: int, what: str) -> JSONResponse:
                         headers={"Retry-After": str(wait)})
 
 
-async def body_of(request: Request) -> Any:
-    """A request's body, read (within --max-body-bytes: else BadRequest 413) and parsed."""
+async def raw_body(request: Request) -> bytes:
+    """A request's body as it came, within --max-body-bytes (else BadRequest 413)."""
     try:
-        raw = await request.body()
+        return await request.body()
     except ClientDisconnect:
         if (limit := request.scope.get(TOO_LARGE)) is not None:
             raise BadRequest(413, f"a body of more than the server's --max-body-bytes {limit:,} bytes") from None
         raise
-    return read_body(raw, request.headers.get("content-type"))
+
+
+async def body_of(request: Request) -> Any:
+    """A request's body, read (`raw_body`) and parsed (JSON or a form)."""
+    return read_body(await raw_body(request), request.headers.get("content-type"))
 
 
 async def body_key(request: Request) -> str | None:
     """The `api_key` of a body (LibreTranslate's), if it has one; BadRequest 413 past --max-body-bytes."""
     try:
-        body = await body_of(request)
+        raw = await raw_body(request)
     except ClientDisconnect:
         return None
-    except BadRequest as e:
-        if e.status == 413:
-            raise
+    try:
+        body = read_body(raw, request.headers.get("content-type"))
+    except BadRequest:  # a body that is not one: no key in it
         return None
     key = body.get("api_key") if isinstance(body, dict) else None
     return key if isinstance(key, str) else None
