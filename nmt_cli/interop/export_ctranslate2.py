@@ -56,6 +56,8 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
         _norm(spec.decoder.layer_norm, model.decoder_norm)
     spec.config.layer_norm_epsilon = model.encoder_layers[0].sublayers[0].norm.eps
     spec.config.add_source_eos = True
+    if config.decoder_start == "eos":  # fairseq's models
+        spec.config.decoder_start_token = spec.config.eos_token
     spec.register_source_vocabulary(bundle.src_vocab.tokens)
     spec.register_target_vocabulary(bundle.tgt_vocab.tokens)
     spec.validate()

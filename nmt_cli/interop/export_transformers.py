@@ -29,6 +29,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.interop.card import UNSET_LICENCE, CardConfig, Evaluation, model_card
 from nmt_cli.interop.export_ctranslate2 import text_files, write_export
 from nmt_cli.interop.release import sines_then_cosines
+from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.model.checkpoint import ModelBundle, bundle_of
 from nmt_cli.model.transformer import MultiHeadAttention, SublayerConnection, Transformer
 from nmt_cli.text.vocab import BOS, BOS_ID, EOS_ID, PAD_ID, SPECIALS
@@ -113,8 +114,13 @@ def marian_config(config_class: Any, bundle: ModelBundle) -> Any:
         max_position_embeddings=config.max_positions, scale_embedding=config.scale_embeddings,
         activation_function=HF_ACTIVATIONS[config.activation],
         dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=config.relu_dropout,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID, decoder_start_token_id=BOS_ID,
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID, decoder_start_token_id=start_id(config),
         forced_eos_token_id=EOS_ID, tie_word_embeddings=config.tied_output)
+
+
+def start_id(config: ModelConfig) -> int:
+    """The id whose row the decoder starts from (ModelConfig.decoder_start)."""
+    return EOS_ID if config.decoder_start == "eos" else BOS_ID
 
 
 def generate_limit(bundle: ModelBundle, search: SearchConfig) -> int:
@@ -148,7 +154,7 @@ HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new", "gelu
 
 
 def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
-    """`generate`'s defaults as `nmt translate`'s (`translator.model_search`): start from <s>, never
+    """`generate`'s defaults as `nmt translate`'s (`translator.model_search`): start where ours does, never
     output what our search never outputs, at most our length limit of tokens and then </s>
     (transformers' max_length counts the start and </s>: a limit that grows with the source is
     taken at max_positions - 1), our beam size, our stopping rule, our length penalty's alpha
@@ -156,7 +162,8 @@ def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
     search = SearchConfig(**bundle.released.search)
     banned = banned_ids(search, bundle.never)
     return config_class(
-        decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        decoder_start_token_id=start_id(bundle.model.config), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID, max_length=generate_limit(bundle, search) + 2,
         num_beams=search.beam, length_penalty=search.lenpen, early_stopping=search.stopping == "early",
         bad_words_ids=[[i] for i in banned], min_new_tokens=search.min_len or None,

@@ -7,8 +7,9 @@ fairseq's Transformer is ours (§3) up to three layouts, which the import undoes
 - its sinusoid is tensor2tensor's (log(10000) / (d/2 - 1) between frequencies, sines then
   cosines) and a sequence's first position is row padding_idx + 1 = 2: the table, or a learned
   one, becomes the model's learned positions, from that row on;
-- its dictionaries put <s> 0, <pad> 1, </s> 2, <unk> 3, and the decoder starts from </s>: our <s>
-  takes the row of its </s>, and its own <s> stays an ordinary token;
+- its dictionaries put <s> 0, <pad> 1, </s> 2, <unk> 3, and the decoder starts from </s>: its rows
+  become ours in our order, and the model starts from </s>'s row (ModelConfig.decoder_start), so
+  that its softmax runs over the same rows as fairseq's;
 - its output projection has no bias.
 What ours cannot hold (an embedding layer norm, adaptive softmax or input, ...) is refused in
 one line naming the option. The search settings are fairseq-generate's (`--lenpen` over the
@@ -57,8 +58,8 @@ def read_fairseq(path: Path, source_lang: str | None, target_lang: str | None, d
     tokens = [fairseq_dictionary(folder / f"dict.{lang}.txt") for lang in langs]
     config, shared, tied = fairseq_config(options, path)
     weights = fairseq_weights(state["model"], config, shared, tied, path)
-    target = Side(tokens[1], pad=1, start=2, eos=2, unk=3)  # the decoder starts from </s>
-    source = target if shared else Side(tokens[0], pad=1, start=1, eos=2, unk=3)  # the source starts nothing
+    target = Side(tokens[1], pad=1, start=0, eos=2, unk=3)
+    source = target if shared else Side(tokens[0], pad=1, start=0, eos=2, unk=3)
     text = TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer)
     codes = read_codes(bpe_codes) if bpe_codes is not None else None
     return Release(config, weights, source, target, shared, text, bpe_codes=codes,
@@ -154,7 +155,8 @@ def fairseq_config(options: dict[str, Any], path: Path) -> tuple[ModelConfig, bo
             label_smoothing=0.1, positions="learned",
             max_positions=min(options.get("max_source_positions", 1024), options.get("max_target_positions", 1024)),
             activation=ACTIVATIONS[activation], norm="pre" if options.get("encoder_normalize_before") else "post",
-            scale_embeddings=not options.get("no_scale_embedding"), tied_output=tied, output_bias=False)
+            scale_embeddings=not options.get("no_scale_embedding"), tied_output=tied, output_bias=False,
+            decoder_start="eos")
     except KeyError as e:
         raise NmtError(f"{path}: its options have no {e.args[0]!r}") from None
     except (ValueError, TypeError) as e:

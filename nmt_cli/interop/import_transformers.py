@@ -69,6 +69,9 @@ def read_transformers(source: Path, warn: Callable[[str], None]) -> Release:
         raise NmtError(f"{source}: separate source and target vocabularies with shared embeddings")
     target = Side(tgt_tokens, *(_id(config, key, len(tgt_tokens), source) for key in (
         "pad_token_id", "decoder_start_token_id", "eos_token_id")), token_id(tgt_tokens, names["unk"], source))
+    if target.start == target.eos:  # a decoder that starts from </s>'s row (nmt-cli's --decoder-start eos)
+        model_config = model_config.replace(decoder_start="eos")
+        target.start = start_of_eos_start(config, target, source)
     src_ids = [token_id(src_tokens, names[role], source) for role in ("pad", "eos", "unk")]
     if not separate and [target.pad, target.eos] != src_ids[:2]:
         raise NmtError(f"{source}: config.json's pad and eos ids differ from vocab.json's {names['pad']!r} and "
@@ -94,6 +97,16 @@ def vocabulary(path: Path) -> list[str]:
     if not isinstance(mapping, dict) or not all(isinstance(i, int) for i in mapping.values()):
         raise NmtError(f"{path}: not a JSON object of token ids")
     return tokens_by_id(mapping, path)
+
+
+def start_of_eos_start(config: dict[str, Any], target: Side, source: Path) -> int:
+    """The row our <s> takes where the decoder starts from </s>: the release's bos_token_id, an entry
+    of no other special role (its column is one of the softmax's, as in the release)."""
+    start = _id(config, "bos_token_id", len(target.tokens), source)
+    if start in (target.pad, target.eos, target.unk):
+        raise NmtError(f"{source / 'config.json'}: its decoder starts from </s> and bos_token_id {start} is no "
+                       "entry of its own: nmt-cli needs one for <s>")
+    return start
 
 
 def _id(config: dict[str, Any], key: str, size: int, source: Path) -> int:

@@ -14,6 +14,7 @@ POSITIONS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
 # The FFN's nonlinearity: the paper's ReLU (eq. 2), or those of released models (`nmt import`): GELU
 # (Hendrycks and Gimpel, 2016) exact or in its tanh or sigmoid approximation (Marian's), swish (x sigmoid(x)).
+DECODER_STARTS = ("bos", "eos")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "gelu-sigmoid", "swish")
 POSITION_TABLE_MAX = 1 << 28  # max_positions x d_model: 1 GiB of float32 positional encodings
 
@@ -48,6 +49,8 @@ class ModelConfig(Options):
     tied_output: bool = knob(True, "The pre-softmax projection shares the target embedding's matrix (§3.4).",
                              negation="--untied-output")
     output_bias: bool = knob(False, "A bias on the pre-softmax projection (released Marian models have one).")
+    decoder_start: str = knob("bos", "The row a target starts from: <s>'s (bos), or </s>'s (eos, as fairseq's models "
+                              "do).", choices=DECODER_STARTS)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -36,9 +36,10 @@ def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
 
-    def __init__(self, tokens: nn.Embedding, config: ModelConfig) -> None:
+    def __init__(self, tokens: nn.Embedding, config: ModelConfig, start: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.tokens = tokens
+        self.start = start  # (the id a target starts with, the row it reads) where they differ
         self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.learned = (
             nn.Embedding(config.max_positions, config.d_model) if config.positions == "learned" else None
@@ -59,6 +60,8 @@ class Embedding(nn.Module):
             raise ValueError(f"sequence of {offset + length} tokens exceeds max_positions={table.size(0)}")
         else:
             positions = table[offset : offset + length]
+        if self.start is not None:
+            tokens = tokens.masked_fill(tokens == self.start[0], self.start[1])
         return self.dropout(self.tokens(tokens) * self.scale + positions.to(self.tokens.weight.dtype))
 
 
@@ -246,11 +249,13 @@ class Transformer(nn.Module):
 
     With a shared (joint) vocabulary one matrix serves as source embedding, target embedding and
     pre-softmax projection; otherwise the target embedding and the projection are tied. (Some
-    released models untie the projection or give it a bias: `tied_output`, `output_bias`.)
+    released models untie the projection or give it a bias: `tied_output`, `output_bias`; fairseq's
+    start a target from </s>'s row: `decoder_start`, where `start` is (the id a target starts with,
+    the row it reads).)
     """
 
     def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                 pad_index: int, shared_vocab: bool) -> None:
+                 pad_index: int, shared_vocab: bool, start: tuple[int, int] | None = None) -> None:
         super().__init__()
         if shared_vocab and src_vocab_size != tgt_vocab_size:
             raise ValueError("a shared vocabulary needs equal source and target vocabulary sizes")
@@ -259,7 +264,7 @@ class Transformer(nn.Module):
         src_tokens = tgt_tokens if shared_vocab else nn.Embedding(
             src_vocab_size, config.d_model, padding_idx=pad_index)
         self.src_embed = Embedding(src_tokens, config)
-        self.tgt_embed = Embedding(tgt_tokens, config)
+        self.tgt_embed = Embedding(tgt_tokens, config, start)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
         pre_norm = config.norm == "pre"

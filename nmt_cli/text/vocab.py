@@ -16,6 +16,8 @@ from nmt_cli.errors import NmtError
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+# ModelConfig.decoder_start: the id a target starts with and the row it reads, where they differ.
+STARTS: dict[str, tuple[int, int] | None] = {"bos": None, "eos": (BOS_ID, EOS_ID)}
 FILLER = "madeupword{:04d}"  # the never-seen entries that pad a vocabulary (fairseq's name)
 
 

@@ -1,9 +1,11 @@
 """`nmt import` of fairseq checkpoints: two small real ones made by fairseq 0.12.2 itself
 (tests/fixtures/fairseq/make.sh: post-norm with separate dictionaries and an untied output;
 pre-norm with one dictionary, all embeddings shared and GELU), read without running pickled code,
-and fairseq-generate's own translations of them as the oracle."""
+and fairseq-generate's own translations of them, and its scores of their references, as the oracle."""
 
 import argparse
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -18,15 +20,34 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fairseq"
 WORDS = {"source_lang": "en", "target_lang": "de", "tokenizer": "none"}  # the fixtures' text: whitespace tokens
 
 
-@pytest.mark.parametrize("variant", ["post", "pre"])
-def test_greedy_translations_are_fairseq_generates(tmp_path, variant):
-    result = cli("import", FIXTURES / variant / "checkpoint.pt", "-o", tmp_path / "m.pt", "-s", "en", "-t", "de",
+@pytest.fixture(scope="module", params=["post", "pre"])
+def imported(request, tmp_path_factory) -> tuple[str, Path]:
+    """A fixture checkpoint as `nmt import` writes it."""
+    out = tmp_path_factory.mktemp(request.param) / "m.pt"
+    result = cli("import", FIXTURES / request.param / "checkpoint.pt", "-o", out, "-s", "en", "-t", "de",
                  "--tokenizer", "none")
     assert result.exit_code == 0, result.output
+    return request.param, out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_are_fairseq_generates(imported, beam):
+    variant, model = imported
     lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))  # fairseq's valid split
-    ours = cli("translate", "-m", tmp_path / "m.pt", "--beam", 1, "--device", "cpu", input=lines)
+    ours = cli("translate", "-m", model, "--beam", beam, "--device", "cpu", input=lines)
     assert ours.exit_code == 0, ours.output
-    assert ours.stdout.splitlines() == (FIXTURES / variant / "valid.beam1.de").read_text().splitlines()
+    assert ours.stdout.splitlines() == (FIXTURES / variant / f"valid.beam{beam}.de").read_text().splitlines()
+
+
+def test_scores_of_references_are_fairseqs(imported):
+    variant, model = imported
+    pairs = zip(multi30k_lines(20, "en", "val"), multi30k_lines(20, "de", "val"))
+    ours = cli("translate", "-m", model, "--score-reference", "--format", "jsonl", "--device", "cpu",
+               input="".join(f"{source}\t{reference}\n" for source, reference in pairs))
+    assert ours.exit_code == 0, ours.output
+    theirs = [float(x) for x in (FIXTURES / variant / "valid.reference-score").read_text().split()]
+    scores = [json.loads(line)["score"] / math.log(2) for line in ours.stdout.splitlines()]  # fairseq's are in bits
+    assert scores == pytest.approx(theirs, abs=1e-4)
 
 
 def options_changed(path: Path, **changes) -> None:

@@ -267,6 +267,29 @@ def test_an_imported_model_exported_and_imported_again_is_the_same(any_release):
 
 
 @pytest.mark.slow
+def test_a_model_that_starts_from_eos_exports_and_imports_as_generate_runs_it(released, tmp_path):
+    """A decoder that starts from </s>'s row (fairseq's way): the export says so, generate's
+    greedy search gives our tokens, and the import reads it back as it was."""
+    checkpoint = ckpt.load(released[0] / "imported.pt")
+    checkpoint["model_config"]["decoder_start"] = "eos"
+    ckpt.save(checkpoint, tmp_path / "eos.pt")
+    assert cli("export", "-m", tmp_path / "eos.pt", "--format", "transformers", "-o", tmp_path / "hf").exit_code == 0
+    model = transformers.MarianMTModel.from_pretrained(str(tmp_path / "hf")).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "hf"))
+    lines = multi30k_lines(40, split="val")
+    with torch.no_grad():
+        out = model.generate(**tokenizer(lines, return_tensors="pt", padding=True), num_beams=1, max_length=12)
+    translator = Translator.load(tmp_path / "eos.pt", device="cpu")
+    _, found = translator.engine.search(lines, translator.search_config(beam=1, max_len_b=10))
+    assert [hyps[0].tokens + [EOS_ID] for hyps in found] == \
+        [[i for i in row.tolist()[1:] if i != tokenizer.pad_token_id] for row in out]
+    import_model(tmp_path / "hf", tmp_path / "again.pt")
+    again = ckpt.load(tmp_path / "again.pt")
+    assert again["model_config"] == checkpoint["model_config"]
+    assert all(torch.equal(tensor, again["model"][name]) for name, tensor in checkpoint["model"].items())
+
+
+@pytest.mark.slow
 def test_a_trained_model_exported_and_imported_translates_as_it_did(exported, tmp_path):
     tmp, bundle, sources = exported
     import_model(tmp / "hf", tmp_path / "imported.pt")

@@ -8,6 +8,7 @@ import torch
 from builders import PAD, TINY, random_tokens, tiny_model
 
 from nmt_cli.model.transformer import Transformer, positional_encoding
+from nmt_cli.text.vocab import BOS_ID, EOS_ID, STARTS
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -94,6 +95,19 @@ def test_two_way_tying_with_separate_vocabularies():
     assert model.output_projection(torch.ones(1, 32)).shape == (1, 31)
     params = sum(p.numel() for p in model.parameters())
     assert params == model.config.num_parameters(23, 31, shared_vocab=False)
+
+
+def test_a_decoder_starting_from_eos_reads_its_row_for_the_start():
+    """fairseq's models start a target from </s>'s row: <s> in a target reads </s>'s row there,
+    and nowhere else (the source; the output's columns)."""
+    ours = tiny_model()
+    torch.manual_seed(0)
+    fairseqs = Transformer(TINY.replace(decoder_start="eos"), 23, 23, PAD, True, STARTS["eos"]).eval()
+    src, rest = random_tokens(2, 5), random_tokens(2, 3)
+    start = torch.full((2, 1), BOS_ID)
+    expected = ours(src, torch.cat([start.fill_(EOS_ID), rest], 1))
+    torch.testing.assert_close(fairseqs(src, torch.cat([start.fill_(BOS_ID), rest], 1)), expected)
+    assert fairseqs.encode(torch.tensor([[BOS_ID, 5]]))[0].allclose(ours.encode(torch.tensor([[BOS_ID, 5]]))[0])
 
 
 def test_shared_vocabulary_needs_equal_sizes():
