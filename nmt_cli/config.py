@@ -216,6 +216,8 @@ class TextConfig(Options):
                                         negation="--no-normalize-punctuation", only_if=_WORDS)
     lowercase: bool = knob(False, "Lowercase after tokenizing.")
     aggressive_dash_splits: bool = knob(False, "Split hyphens (Moses -a): fore@-@runner.", only_if=_WORDS)
+    escape: bool = knob(False, "Moses' XML escaping: & < > ' \" [ ] | as entities (&amp; ...), as fairseq's "
+                        "--tokenizer moses does.", only_if=_WORDS)
     protect_tags: bool = knob(True, "Keep tags such as <2de> whole through tokenization, lowercasing and BPE.",
                                negation="--no-protect-tags", only_if=_WORDS)
     protect: tuple[str, ...] = knob((), "Also keep words matching this regular expression whole (repeatable).",

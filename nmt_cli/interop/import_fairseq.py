@@ -60,10 +60,18 @@ def read_fairseq(path: Path, source_lang: str | None, target_lang: str | None, d
     weights = fairseq_weights(state["model"], config, shared, tied, path)
     target = Side(tokens[1], pad=1, start=0, eos=2, unk=3)
     source = target if shared else Side(tokens[0], pad=1, start=0, eos=2, unk=3)
-    text = TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer)
+    text = fairseq_text(langs, tokenizer)
     codes = read_codes(bpe_codes) if bpe_codes is not None else None
     return Release(config, weights, source, target, shared, text, bpe_codes=codes,
                    search=fairseq_search(generation, path), origin=f"fairseq ({path.name})")
+
+
+def fairseq_text(langs: tuple[str, str], tokenizer: str) -> TextConfig:
+    """fairseq-interactive's text pipeline: its `--tokenizer moses` is sacremoses without punctuation
+    normalization, with dashes split and XML characters escaped; `--bpe subword_nmt` is ours."""
+    moses = tokenizer == "moses"
+    return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer,
+                      normalize_punctuation=False, aggressive_dash_splits=moses, escape=moses, protect_tags=False)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

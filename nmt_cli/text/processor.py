@@ -52,7 +52,7 @@ class TextProcessor:
         if self.normalizer is not None:
             line = self.normalizer.normalize(line)
         if self.tokenizer is not None:
-            words = self.tokenizer.tokenize(line, escape=False, protected_patterns=self.protected,
+            words = self.tokenizer.tokenize(line, escape=self.config.escape, protected_patterns=self.protected,
                                             aggressive_dash_splits=self.config.aggressive_dash_splits)
         else:
             words = line.split()

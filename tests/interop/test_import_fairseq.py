@@ -1,7 +1,9 @@
-"""`nmt import` of fairseq checkpoints: two small real ones made by fairseq 0.12.2 itself
+"""`nmt import` of fairseq checkpoints: three small real ones made by fairseq 0.12.2 itself
 (tests/fixtures/fairseq/make.sh: post-norm with separate dictionaries and an untied output;
-pre-norm with one dictionary, all embeddings shared and GELU), read without running pickled code,
-and fairseq-generate's own translations of them, and its scores of their references, as the oracle."""
+pre-norm with one dictionary, all embeddings shared and GELU; Moses and BPE text with learned
+positions), read without running pickled code, and fairseq's own translations of them
+(fairseq-interactive's of raw text for the Moses and BPE one), and its scores of their references,
+as the oracle."""
 
 import argparse
 import json
@@ -20,20 +22,25 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fairseq"
 WORDS = {"source_lang": "en", "target_lang": "de", "tokenizer": "none"}  # the fixtures' text: whitespace tokens
 
 
-@pytest.fixture(scope="module", params=["post", "pre"])
+# How each fixture's text was made: whitespace tokens, or fairseq's Moses tokenization and BPE.
+TEXT = {"post": ["--tokenizer", "none"], "pre": ["--tokenizer", "none"],
+        "bpe": ["--bpe-codes", FIXTURES / "bpe" / "bpe.codes"]}
+
+
+@pytest.fixture(scope="module", params=list(TEXT))
 def imported(request, tmp_path_factory) -> tuple[str, Path]:
     """A fixture checkpoint as `nmt import` writes it."""
     out = tmp_path_factory.mktemp(request.param) / "m.pt"
     result = cli("import", FIXTURES / request.param / "checkpoint.pt", "-o", out, "-s", "en", "-t", "de",
-                 "--tokenizer", "none")
+                 *TEXT[request.param])
     assert result.exit_code == 0, result.output
     return request.param, out
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_translations_are_fairseq_generates(imported, beam):
+def test_translations_are_fairseqs(imported, beam):
     variant, model = imported
-    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))  # fairseq's valid split
+    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))  # raw: fairseq-interactive's input
     ours = cli("translate", "-m", model, "--beam", beam, "--device", "cpu", input=lines)
     assert ours.exit_code == 0, ours.output
     assert ours.stdout.splitlines() == (FIXTURES / variant / f"valid.beam{beam}.de").read_text().splitlines()

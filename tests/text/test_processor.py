@@ -57,6 +57,13 @@ def test_lowercase_and_dash_splits():
     assert processor.decode(["well", "@-@", "known"]) == "well-known"
 
 
+def test_escaping_as_fairseqs_moses_tokenizer_and_back():
+    processor = TextProcessor(TextConfig("en", "de", escape=True), "en")
+    assert processor.tokenize('a woman\'s "R&B"') == ["a", "woman", "&apos;s", "&quot;", "R", "&amp;", "B", "&quot;"]
+    assert processor.decode(["a", "woman", "&apos;s", "R", "&amp;", "B"]) == "a woman's R & B"
+    assert TextProcessor(TextConfig("en", "de"), "en").tokenize("woman's") == ["woman", "'s"]
+
+
 def test_bpe_removal_joins_subwords():
     processor = TextProcessor(TextConfig("en", "de"), "en")
     assert processor.decode(["Bu@@", "shes", "are", "gre@@", "en@@"]) == "Bushes are green"
