@@ -15,7 +15,7 @@ from nmt_cli.flags import build, build_model_config, config_options, fields_of, 
 from nmt_cli.interop.card import CardConfig
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.options import flag_name
-from nmt_cli.run_config import ExportConfig, RunConfig, ServeConfig, TranslateConfig
+from nmt_cli.run_config import ExportConfig, ImportConfig, RunConfig, ServeConfig, TranslateConfig
 from nmt_cli.version import __version__
 
 
@@ -259,26 +259,20 @@ def shortlist(data_dir: Path, output: Path, first: int, best: int) -> None:
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The checkpoint to write (.pt).")
-@click.option("-s", "--source-lang", help="fairseq: the languages, where its checkpoint does not say them.")
-@click.option("-t", "--target-lang", help="fairseq: see -s.")
-@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="fairseq: the folder of dict.SRC.txt and dict.TGT.txt [default: the checkpoint's, its data's].")
-@click.option("--bpe-codes", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="fairseq: the subword-nmt codes of its text (none: its dictionaries hold words).")
-@click.option("--tokenizer", type=click.Choice(["moses", "none"]), default="moses", show_default=True,
-              help="fairseq: how its text was tokenized.")
-def import_model(source: Path, output: Path, **fairseq: Any) -> None:
-    """Import a Marian release or a fairseq checkpoint.
+@config_options(ImportConfig)
+def import_model(source: Path, output: Path, **options: Any) -> None:
+    """Import Marian, fairseq or OpenNMT-py models.
 
     SOURCE: a MarianMTModel directory (OPUS-MT), Marian's own release (model.npz, decoder.yml,
-    vocabularies, .spm files) or a fairseq checkpoint file, read without running code from it: a
-    checkpoint like one trained here, with the release's decoding settings as defaults."""
+    vocabularies, .spm files), or a fairseq or OpenNMT-py checkpoint file, read without running code
+    from it: a checkpoint like one trained here, with its toolkit's decoding settings as defaults."""
     from nmt_cli.files import destination
     from nmt_cli.interop.importer import import_model
 
-    inputs = [source, *filter(None, [fairseq["data_dir"], fairseq["bpe_codes"]])]
+    config = build(ImportConfig, **options)
+    inputs = [source, *filter(None, [config.data_dir, config.bpe_codes, config.sentencepiece])]
     checkpoint = import_model(source, destination(output, "checkpoint", inputs=inputs),
-                              warn=lambda message: click.echo(message, err=True), fairseq=fairseq)
+                              warn=lambda message: click.echo(message, err=True), options=config)
     from nmt_cli.model.checkpoint import bundle_of
 
     about = bundle_of(checkpoint, output).summary()  # the weights written, not read back

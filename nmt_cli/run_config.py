@@ -156,3 +156,24 @@ class ExportConfig(Options):
                              only_if=_CTRANSLATE2, flags=["--quantize", "--quantization"])
     shortlist: Path | None = knob(None, "ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map "
                                   "(use_vmap=True).", path=EXISTING_FILE, only_if=_CTRANSLATE2)
+
+
+EXISTING_DIR = {"exists": True, "file_okay": False}
+
+
+@dataclass(frozen=True)
+class ImportConfig(Options):
+    """What `nmt import` needs to know of a checkpoint file (fairseq's, OpenNMT-py's) that it does
+    not say itself: its languages, dictionaries, and the text pipeline its tokens came from."""
+
+    source_lang: str | None = knob(None, "The source language, where the checkpoint does not say it.",
+                                   flags=("-s", "--source-lang"))
+    target_lang: str | None = knob(None, "The target language (see -s).", flags=("-t", "--target-lang"))
+    data_dir: Path | None = knob(None, "fairseq: the folder of dict.SRC.txt and dict.TGT.txt [default: the "
+                                 "checkpoint's, then its data's].", path=EXISTING_DIR)
+    bpe_codes: Path | None = knob(None, "The subword-nmt codes of its text (none: its tokens are words) [default: "
+                                  "OpenNMT-py: its options' bpe model, where that file is].", path=EXISTING_FILE)
+    sentencepiece: Path | None = knob(None, "The SentencePiece model of its text [default: OpenNMT-py: its options' "
+                                      "sentencepiece model, where that file is].", path=EXISTING_FILE)
+    tokenizer: str | None = knob(None, "How its text was tokenized before subwords [default: fairseq: moses, as its "
+                                 "recipes; OpenNMT-py: none].", choices=("moses", "none"))

@@ -55,7 +55,7 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
         _norm(spec.encoder.layer_norm, model.encoder_norm)
         _norm(spec.decoder.layer_norm, model.decoder_norm)
     spec.config.layer_norm_epsilon = model.encoder_layers[0].sublayers[0].norm.eps
-    spec.config.add_source_eos = True
+    spec.config.add_source_eos = config.source_eos
     if config.decoder_start == "eos":  # fairseq's models
         spec.config.decoder_start_token = spec.config.eos_token
     spec.register_source_vocabulary(bundle.src_vocab.tokens)

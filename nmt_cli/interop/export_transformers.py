@@ -86,6 +86,7 @@ def check_marian(bundle: ModelBundle) -> None:
     config, text = bundle.model.config, bundle.text
     reasons = [(config.norm == "pre", "a pre-norm model (MarianMTModel's layers are post-norm)"),
                (config.positions == "learned", "learned positions (Marian's are sinusoidal)"),
+               (not config.source_eos, "a model of sources without </s> (MarianTokenizer ends each with one)"),
                (config.d_k != config.d_model // config.heads or config.d_v != config.d_k,
                 f"d_k {config.d_k} and d_v {config.d_v} (Marian's heads are d_model / heads = "
                 f"{config.d_model // config.heads} wide)"),

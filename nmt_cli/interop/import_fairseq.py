@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.release import Release, Side, layer_weights
 from nmt_cli.model.architecture import ModelConfig
+from nmt_cli.run_config import ImportConfig
 from nmt_cli.text.vocab import Vocabulary
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0 to 3 of a fairseq Dictionary
@@ -44,14 +44,15 @@ UNSUPPORTED = {"layernorm_embedding": "a layer norm on the embeddings", "adaptiv
                "its final norm"}
 
 
-def read_fairseq(path: Path, source_lang: str | None, target_lang: str | None, data_dir: Path | None,
-                 bpe_codes: Path | None, tokenizer: str) -> Release:
-    """A fairseq checkpoint with its dictionaries (`data_dir`, default: the checkpoint's folder,
-    then the data path its configuration names), languages and text pipeline."""
-    state = load_checkpoint(path)
+def read_fairseq(path: Path, state: dict[str, Any], given: ImportConfig) -> Release:
+    """A fairseq checkpoint (its `state`, as release.load_pickled reads it) with its dictionaries
+    (`given.data_dir`, default: the checkpoint's folder, then the data path its configuration
+    names), languages and text pipeline."""
+    if not isinstance(state.get("model"), dict):
+        raise NmtError(f"{path}: not a fairseq checkpoint (no 'model' dictionary of tensors)")
     options, task, generation = settings(state, path)
-    langs = (source_lang or task.get("source_lang"), target_lang or task.get("target_lang"))
-    folder = dictionary_folder(path, data_dir, task.get("data"), langs)
+    langs = (given.source_lang or task.get("source_lang"), given.target_lang or task.get("target_lang"))
+    folder = dictionary_folder(path, given.data_dir, task.get("data"), langs)
     if None in langs:
         raise NmtError(f"{path}: its configuration names no languages: give -s SRC -t TGT (the suffixes of "
                        f"{folder}/dict.SRC.txt and dict.TGT.txt)")
@@ -60,8 +61,8 @@ def read_fairseq(path: Path, source_lang: str | None, target_lang: str | None, d
     weights = fairseq_weights(state["model"], config, shared, tied, path)
     target = Side(tokens[1], pad=1, start=0, eos=2, unk=3)
     source = target if shared else Side(tokens[0], pad=1, start=0, eos=2, unk=3)
-    text = fairseq_text(langs, tokenizer)
-    codes = read_codes(bpe_codes) if bpe_codes is not None else None
+    text = fairseq_text(langs, given.tokenizer or "moses")
+    codes = read_codes(given.bpe_codes) if given.bpe_codes is not None else None
     return Release(config, weights, source, target, shared, text, bpe_codes=codes,
                    search=fairseq_search(generation, path), origin=f"fairseq ({path.name})")
 
@@ -72,23 +73,6 @@ def fairseq_text(langs: tuple[str, str], tokenizer: str) -> TextConfig:
     moses = tokenizer == "moses"
     return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer,
                       normalize_punctuation=False, aggressive_dash_splits=moses, escape=moses, protect_tags=False)
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """The checkpoint's dictionary, read with torch's weights-only unpickler and argparse.Namespace
-    allowed besides: a class of anything else is refused, naming it, and no code runs."""
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on other files in many ways)
-        if found := re.search(r"Unsupported global: GLOBAL (\S+)", str(e)):
-            raise NmtError(f"{path}: refused: it holds {found.group(1)}, which no fairseq checkpoint's weights or "
-                           "options are (nothing in it was run)") from None
-        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise NmtError(f"{path}: unreadable ({detail[:200]})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise NmtError(f"{path}: not a fairseq checkpoint (no 'model' dictionary of tensors)")
-    return state
 
 
 def settings(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -1,7 +1,8 @@
-"""`nmt import`: a released Marian model, or a fairseq checkpoint, as an nmt-cli checkpoint that
-translates, serves, scores, exports and fine-tunes like one trained here. Three formats: a Hugging
-Face `MarianMTModel` directory (import_transformers.py), Marian's own (import_marian.py), and a
-fairseq checkpoint file with its dictionaries (import_fairseq.py).
+"""`nmt import`: a released Marian model, or a fairseq or OpenNMT-py checkpoint, as an nmt-cli
+checkpoint that translates, serves, scores, exports and fine-tunes like one trained here. Four
+formats: a Hugging Face `MarianMTModel` directory (import_transformers.py), Marian's own
+(import_marian.py), a fairseq checkpoint file with its dictionaries (import_fairseq.py), and an
+OpenNMT-py one (import_onmt.py).
 
 A Marian Transformer is ours (§3) up to three layouts, which the import undoes exactly:
 - its sinusoid puts a position's sines first, then its cosines, where §3.5 (and we) interleave
@@ -16,6 +17,7 @@ line naming it. The released decoding settings become the checkpoint's search de
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,29 +28,30 @@ from torch import Tensor
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.import_fairseq import read_fairseq
 from nmt_cli.interop.import_marian import read_marian
+from nmt_cli.interop.import_onmt import read_onmt
 from nmt_cli.interop.import_transformers import read_transformers
-from nmt_cli.interop.release import Release
+from nmt_cli.interop.release import Release, load_pickled
 from nmt_cli.model.checkpoint import checked_model, description, save
 from nmt_cli.model.released import Released
+from nmt_cli.run_config import ImportConfig
 from nmt_cli.text.vocab import Vocabulary
 
 
 def import_model(source: Path, out: Path, warn: Callable[[str], None] = print,
-                 fairseq: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Read the release in directory `source` (or the fairseq checkpoint file `source`, with the
-    `fairseq` options of read_fairseq), write it to `out` as a checkpoint (atomically), and return
-    that checkpoint."""
-    source = Path(source)
-    options = {"source_lang": None, "target_lang": None, "data_dir": None, "bpe_codes": None, "tokenizer": "moses",
-               **(fairseq or {})}
-    given = [name for name in ("data_dir", "bpe_codes", "source_lang", "target_lang") if options[name]]
+                 options: ImportConfig | None = None) -> dict[str, Any]:
+    """Read the release in directory `source` (or the fairseq or OpenNMT-py checkpoint file
+    `source`, with `options`), write it to `out` as a checkpoint (atomically), and return that
+    checkpoint."""
+    source, options = Path(source), options or ImportConfig()
+    given = [f.name for f in dataclasses.fields(options) if getattr(options, f.name) is not None]
     if given and not source.is_file():
-        raise NmtError(f"--{given[0].replace('_', '-')}: only a fairseq checkpoint (a file) takes it; {source} is "
-                       "not one")
+        raise NmtError(f"--{given[0].replace('_', '-')}: only a checkpoint file (fairseq's, OpenNMT-py's) takes it; "
+                       f"{source} is not one")
     if source.is_file():
-        release = read_fairseq(source, **options)
+        release = read_checkpoint_file(source, options)
     elif not source.is_dir():
-        raise NmtError(f"{source}: neither a directory (a released model) nor a file (a fairseq checkpoint)")
+        raise NmtError(f"{source}: neither a directory (a released model) nor a file (a fairseq or OpenNMT-py "
+                       "checkpoint)")
     elif (source / "config.json").is_file():
         release = read_transformers(source, warn)
     elif any(source.glob("*.npz")):
@@ -59,6 +62,18 @@ def import_model(source: Path, out: Path, warn: Callable[[str], None] = print,
     checked_model(checkpoint, source)  # what could be wrong came from the release: its name in the error
     save(checkpoint, out)
     return checkpoint
+
+
+def read_checkpoint_file(path: Path, options: ImportConfig) -> Release:
+    """A fairseq or OpenNMT-py checkpoint, told apart by what it holds (OpenNMT-py's: its vocabularies
+    and generator)."""
+    state = load_pickled(path)
+    if "vocab" in state and "generator" in state and "opt" in state:
+        return read_onmt(path, state, options)
+    if options.sentencepiece is not None:
+        raise NmtError(f"--sentencepiece: {path} is a fairseq checkpoint, whose text nmt-cli reads with "
+                       "--bpe-codes or as words")
+    return read_fairseq(path, state, options)
 
 
 def checkpoint_of(release: Release) -> dict[str, Any]:

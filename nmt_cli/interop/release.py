@@ -6,8 +6,10 @@ layout of the sinusoid."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,3 +154,21 @@ def layer_weights(take: Callable[[str], Tensor], side: str, i: int) -> dict[str,
         weights[f"{ours}ffn.w2.{kind}"] = take(f"{theirs}fc2.{kind}")
         weights[f"{ours}sublayers.{last}.norm.{kind}"] = take(f"{theirs}final_layer_norm.{kind}")
     return weights
+
+
+def load_pickled(path: Path) -> dict[str, Any]:
+    """A checkpoint file's dictionary (fairseq's, OpenNMT-py's), read with torch's weights-only
+    unpickler and argparse.Namespace allowed besides: a class of anything else is refused, naming
+    it, and no code runs."""
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on other files in many ways)
+        if found := re.search(r"Unsupported global: GLOBAL (\S+)", str(e)):
+            raise NmtError(f"{path}: refused: it holds {found.group(1)}, which no fairseq or OpenNMT-py checkpoint's "
+                           "weights or options are (nothing in it was run)") from None
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise NmtError(f"{path}: unreadable ({detail[:200]})") from None
+    if not isinstance(state, dict):
+        raise NmtError(f"{path}: not a checkpoint (no dictionary of weights and options)")
+    return state

@@ -49,6 +49,9 @@ class ModelConfig(Options):
     tied_output: bool = knob(True, "The pre-softmax projection shares the target embedding's matrix (§3.4).",
                              negation="--untied-output")
     output_bias: bool = knob(False, "A bias on the pre-softmax projection (released Marian models have one).")
+    norm_eps: float = knob(1e-5, "The layer norms' epsilon (OpenNMT-py's models: 1e-6).", min=0.0, max=1.0)
+    source_eos: bool = knob(True, "A source ends with </s> (OpenNMT-py's models read sources without).",
+                            negation="--no-source-eos")
     decoder_start: str = knob("bos", "The row a target starts from: <s>'s (bos), or </s>'s (eos, as fairseq's models "
                               "do).", choices=DECODER_STARTS)
 

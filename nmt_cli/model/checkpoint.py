@@ -30,7 +30,7 @@ from nmt_cli.files import reason, remove_stale_temporaries, replacing
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.model.released import Released
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.text.vocab import PAD_ID, SPECIALS, STARTS, Vocabulary
+from nmt_cli.text.vocab import PAD_ID, SPECIALS, Vocabulary, model_ids
 from nmt_cli.version import __version__
 
 FORMAT_VERSION = 2
@@ -266,7 +266,7 @@ def checked_model(checkpoint: dict[str, Any], path: Path) -> Transformer:
             raise ValueError(f"released.never_output names {unknown[0]!r}, which the target vocabulary lacks")
         with torch.device("meta"), _NoDraws():
             model = Transformer(config, *sizes, PAD_ID, checkpoint["shared_vocab"] is True,
-                                    STARTS[config.decoder_start])
+                                **model_ids(config.decoder_start, config.source_eos))
     except (ValueError, TypeError, AttributeError) as e:
         raise NmtError(f"{path}: damaged checkpoint: {e}") from None
     _check_weights(checkpoint["model"], model.state_dict(), path)

@@ -201,7 +201,7 @@ class SublayerConnection(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(config.d_model)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.dropout = nn.Dropout(config.dropout)
         self.pre_norm = config.norm == "pre"
 
@@ -251,15 +251,17 @@ class Transformer(nn.Module):
     pre-softmax projection; otherwise the target embedding and the projection are tied. (Some
     released models untie the projection or give it a bias: `tied_output`, `output_bias`; fairseq's
     start a target from </s>'s row: `decoder_start`, where `start` is (the id a target starts with,
-    the row it reads).)
+    the row it reads); OpenNMT-py's read a source without </s>: `source_eos`, where `unseen_end` is
+    the id a source ends with, which the encoder then masks as padding.)
     """
 
     def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                 pad_index: int, shared_vocab: bool, start: tuple[int, int] | None = None) -> None:
+                 pad_index: int, shared_vocab: bool, start: tuple[int, int] | None = None,
+                 unseen_end: int | None = None) -> None:
         super().__init__()
         if shared_vocab and src_vocab_size != tgt_vocab_size:
             raise ValueError("a shared vocabulary needs equal source and target vocabulary sizes")
-        self.config, self.pad_index = config, pad_index
+        self.config, self.pad_index, self.unseen_end = config, pad_index, unseen_end
         tgt_tokens = nn.Embedding(tgt_vocab_size, config.d_model, padding_idx=pad_index)
         src_tokens = tgt_tokens if shared_vocab else nn.Embedding(
             src_vocab_size, config.d_model, padding_idx=pad_index)
@@ -268,8 +270,8 @@ class Transformer(nn.Module):
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
         pre_norm = config.norm == "pre"
-        self.encoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(config.d_model) if pre_norm else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if pre_norm else nn.Identity()
         # The pre-softmax linear transformation (§3.4). Tied, it is made on the meta device: it takes the
         # target embedding's matrix (tie_weights), so drawing a weight of its own would only use random numbers.
         self.output_projection = nn.Linear(config.d_model, tgt_vocab_size, bias=False,
@@ -303,7 +305,10 @@ class Transformer(nn.Module):
 
     def source_mask(self, src: Tensor) -> Tensor:
         """(batch, 1, 1, src_len), True on real tokens: broadcast over heads and queries."""
-        return (src != self.pad_index)[:, None, None, :]
+        real = src != self.pad_index
+        if self.unseen_end is not None:
+            real &= src != self.unseen_end
+        return real[:, None, None, :]
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder stack over source tokens; returns (memory, source mask)."""

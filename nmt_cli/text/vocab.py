@@ -10,15 +10,22 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from nmt_cli.errors import NmtError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
-# ModelConfig.decoder_start: the id a target starts with and the row it reads, where they differ.
-STARTS: dict[str, tuple[int, int] | None] = {"bos": None, "eos": (BOS_ID, EOS_ID)}
 FILLER = "madeupword{:04d}"  # the never-seen entries that pad a vocabulary (fairseq's name)
+
+
+def model_ids(decoder_start: str, source_eos: bool) -> dict[str, Any]:
+    """The ids a Transformer takes beyond the padding's, of ModelConfig's `decoder_start` (the id a
+    target starts with and the row it reads, where they differ) and `source_eos` (an id a source
+    ends with that the model never saw)."""
+    return {"start": (BOS_ID, EOS_ID) if decoder_start == "eos" else None,
+            "unseen_end": None if source_eos else EOS_ID}
 
 
 def _is_filler(token: str) -> bool:

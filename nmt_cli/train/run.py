@@ -39,7 +39,7 @@ from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.model.released import Released
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.text.vocab import PAD_ID, STARTS
+from nmt_cli.text.vocab import PAD_ID, model_ids
 from nmt_cli.train.agreement import agree, data_facts, option_facts, start_facts
 from nmt_cli.train.epochs import EpochPlan, load_splits, same_updates
 from nmt_cli.train.peers import rank_map
@@ -104,7 +104,8 @@ def bucketing(run: TrainingRun) -> str:
 def built(config: ModelConfig, src_vocab: int, tgt_vocab: int, shared: bool) -> Transformer:
     """The model to train, or a one-line error with the memory it needs where it cannot be made."""
     try:
-        return Transformer(config, src_vocab, tgt_vocab, PAD_ID, shared, STARTS[config.decoder_start])
+        return Transformer(config, src_vocab, tgt_vocab, PAD_ID, shared,
+                           **model_ids(config.decoder_start, config.source_eos))
     except RuntimeError as e:
         if not out_of_memory(e):
             raise

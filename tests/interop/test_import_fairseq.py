@@ -17,9 +17,10 @@ from conftest import cli, multi30k_lines
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
+from nmt_cli.run_config import ImportConfig
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fairseq"
-WORDS = {"source_lang": "en", "target_lang": "de", "tokenizer": "none"}  # the fixtures' text: whitespace tokens
+WORDS = ImportConfig(source_lang="en", target_lang="de", tokenizer="none")  # the fixtures' text: whitespace tokens
 
 
 # How each fixture's text was made: whitespace tokens, or fairseq's Moses tokenization and BPE.
@@ -72,22 +73,23 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
             return (print, ("ran code from the file",))
 
     torch.save({"model": {}, "cfg": Payload()}, tmp_path / "code.pt")
-    with pytest.raises(NmtError, match="code.pt: refused: it holds print, which no fairseq checkpoint's weights or "
-                                       "options are \\(nothing in it was run\\)$"):
-        import_model(tmp_path / "code.pt", tmp_path / "out.pt", fairseq=WORDS)
+    with pytest.raises(NmtError, match="code.pt: refused: it holds print, which no fairseq or OpenNMT-py checkpoint's "
+                                       "weights or options are \\(nothing in it was run\\)$"):
+        import_model(tmp_path / "code.pt", tmp_path / "out.pt", options=WORDS)
     options_changed(tmp_path / "norm.pt", layernorm_embedding=True)
     shutil.copy(FIXTURES / "post" / "dict.en.txt", tmp_path)
     shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
     with pytest.raises(NmtError, match="norm.pt: --layernorm-embedding True: a layer norm on the embeddings"):
-        import_model(tmp_path / "norm.pt", tmp_path / "out.pt", fairseq=WORDS)
+        import_model(tmp_path / "norm.pt", tmp_path / "out.pt", options=WORDS)
     options_changed(tmp_path / "ffn.pt", decoder_ffn_embed_dim=64)
     with pytest.raises(NmtError, match="--encoder-ffn-embed-dim 32 and --decoder-ffn-embed-dim 64: nmt-cli's encoder"):
-        import_model(tmp_path / "ffn.pt", tmp_path / "out.pt", fairseq=WORDS)
+        import_model(tmp_path / "ffn.pt", tmp_path / "out.pt", options=WORDS)
     with pytest.raises(NmtError, match="its configuration names no languages: give -s SRC -t TGT"):
-        import_model(FIXTURES / "post" / "checkpoint.pt", tmp_path / "out.pt", fairseq={"tokenizer": "none"})
+        import_model(FIXTURES / "post" / "checkpoint.pt", tmp_path / "out.pt", options=ImportConfig(tokenizer="none"))
     (tmp_path / "dict.de.txt").unlink()
     with pytest.raises(NmtError, match="no dict.SRC.txt and dict.TGT.txt beside it"):
-        import_model(tmp_path / "norm.pt", tmp_path / "out.pt", fairseq=WORDS)
+        import_model(tmp_path / "norm.pt", tmp_path / "out.pt", options=WORDS)
     assert not (tmp_path / "out.pt").exists()
     refused = cli("import", FIXTURES, "-o", tmp_path / "out.pt", "--data-dir", FIXTURES)
-    assert refused.exit_code == 1 and "--data-dir: only a fairseq checkpoint (a file) takes it" in refused.output
+    assert refused.exit_code == 1
+    assert "--data-dir: only a checkpoint file (fairseq's, OpenNMT-py's) takes it" in refused.output

@@ -8,7 +8,7 @@ import torch
 from builders import PAD, TINY, random_tokens, tiny_model
 
 from nmt_cli.model.transformer import Transformer, positional_encoding
-from nmt_cli.text.vocab import BOS_ID, EOS_ID, STARTS
+from nmt_cli.text.vocab import BOS_ID, EOS_ID, model_ids
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -102,7 +102,7 @@ def test_a_decoder_starting_from_eos_reads_its_row_for_the_start():
     and nowhere else (the source; the output's columns)."""
     ours = tiny_model()
     torch.manual_seed(0)
-    fairseqs = Transformer(TINY.replace(decoder_start="eos"), 23, 23, PAD, True, STARTS["eos"]).eval()
+    fairseqs = Transformer(TINY.replace(decoder_start="eos"), 23, 23, PAD, True, **model_ids("eos", True)).eval()
     src, rest = random_tokens(2, 5), random_tokens(2, 3)
     start = torch.full((2, 1), BOS_ID)
     expected = ours(src, torch.cat([start.fill_(EOS_ID), rest], 1))

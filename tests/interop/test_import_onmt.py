@@ -1,0 +1,70 @@
+"""`nmt import` of OpenNMT-py 3.x checkpoints: a small real one made by OpenNMT-py 3.5.1 itself
+(tests/fixtures/onmt/make.sh: its pre-norm Transformer with all embeddings shared, sources without
+</s>, no attention or FFN biases, layer norms' epsilon 1e-6), read without running pickled code,
+and onmt_translate's own greedy translations and scores of the references as the oracle."""
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cli, multi30k_lines
+
+from nmt_cli.errors import NmtError
+from nmt_cli.interop.importer import import_model
+from nmt_cli.run_config import ImportConfig
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "onmt" / "shared"
+EN_DE = ImportConfig(source_lang="en", target_lang="de")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("onmt") / "m.pt"
+    result = cli("import", FIXTURE / "model_step_400.pt", "-o", out, "-s", "en", "-t", "de")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_greedy_translations_are_onmt_translates(imported):
+    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))
+    ours = cli("translate", "-m", imported, "--beam", 1, "--device", "cpu", input=lines)
+    assert ours.exit_code == 0, ours.output
+    assert ours.stdout.splitlines() == (FIXTURE / "valid.beam1.de").read_text().splitlines()
+
+
+def test_scores_of_references_are_onmt_translates(imported):
+    pairs = zip(multi30k_lines(20, "en", "val"), multi30k_lines(20, "de", "val"))
+    ours = cli("translate", "-m", imported, "--score-reference", "--format", "jsonl", "--device", "cpu",
+               input="".join(f"{source}\t{reference}\n" for source, reference in pairs))
+    assert ours.exit_code == 0, ours.output
+    theirs = [float(x) for x in (FIXTURE / "valid.reference-score").read_text().split()]  # GOLD SCORE: nats
+    assert [json.loads(line)["log_prob"] for line in ours.stdout.splitlines()] == pytest.approx(theirs, abs=1e-4)
+
+
+def changed(path: Path, **options) -> Path:
+    """The fixture with `options` changed, saved to `path`."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(FIXTURE / "model_step_400.pt", weights_only=True)
+    for name, value in options.items():
+        setattr(state["opt"], name, value)
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_relative_positions": 20}, "-max_relative_positions 20: nmt-cli's model holds only 0 there"),
+    ({"layer_norm": "rms"}, "-layer_norm 'rms': nmt-cli's model holds only 'standard' there"),
+    ({"pos_ffn_activation_fn": "silu"}, "-pos_ffn_activation_fn 'silu' \\(nmt-cli has relu, gelu\\)"),
+    ({"model_task": "lm"}, "-model_task 'lm': nmt-cli's model holds only 'seq2seq' there"),
+])
+def test_what_cannot_be_held_is_refused_in_one_line(tmp_path, options, message):
+    with pytest.raises(NmtError, match=f"^{tmp_path / 'changed.pt'}: {message}"):
+        import_model(changed(tmp_path / "changed.pt", **options), tmp_path / "out.pt", options=EN_DE)
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_the_languages_are_asked_for(tmp_path):
+    with pytest.raises(NmtError, match="model_step_400.pt: an OpenNMT-py checkpoint names no languages: give -s SRC"):
+        import_model(FIXTURE / "model_step_400.pt", tmp_path / "out.pt")
