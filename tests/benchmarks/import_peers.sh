@@ -26,6 +26,7 @@ $F/fairseq-train "$WORK/fs" --arch transformer_wmt_en_de --share-all-embeddings 
   --max-tokens 2000 --max-update 20 --cpu --no-epoch-checkpoints --save-dir "$WORK/fs-ckpt" \
   --no-save-optimizer-state > /dev/null 2>&1
 cat > "$WORK/onmt.yaml" <<YAML
+save_data: $WORK/run
 src_vocab: $WORK/vocab.shared
 share_vocab: true
 data:
