@@ -12,9 +12,10 @@ up to these layouts, which the import undoes exactly:
   `vocab_size_multiple` with fillers, which stay ordinary tokens;
 - `SinusoidalConcat` positions put a position's sines first (Marian's layout: `Release.order`).
 What ours cannot hold (relative or rotary positions, RMS norms, parallel residuals, grouped
-keys and values, gated FFNs, copy attention, source features, a language model) is refused in one
-line naming the option. The search settings are onmt_translate's defaults: beam 5, scores over the
-hypothesis' length ("avg"), at most 1.25 x the source + 5 tokens and 250, no minimum length.
+keys and values, gated FFNs, copy attention, source features, a language model, a decoder that
+starts elsewhere than <s>) is refused in one line naming the option. The search settings are
+onmt_translate's defaults: beam 5, scores over the hypothesis' length ("avg"), at most 1.25 x
+the source + 5 tokens and 250, no minimum length.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}
 # Options of OpenNMT-py's models that ours cannot hold, each refused where it is not the value given.
 PLAIN = {"encoder_type": "transformer", "decoder_type": "transformer", "model_task": "seq2seq",
          "max_relative_positions": 0, "layer_norm": "standard", "parallel_residual": False, "num_kv": 0,
-         "copy_attn": False, "lambda_align": 0.0, "position_encoding": True}
+         "copy_attn": False, "position_encoding": True}
 SPECIALS = {"pad": "<blank>", "start": "<s>", "eos": "</s>", "unk": "<unk>"}  # OpenNMT-py's DefaultTokens
 
 
@@ -45,8 +46,14 @@ def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release
     options' subword model where that file is there."""
     opt = vars(state["opt"]) if isinstance(state["opt"], argparse.Namespace) else {}
     vocab, model, generator = state["vocab"], state.get("model"), state["generator"]
-    if not isinstance(model, dict) or not isinstance(generator, dict) or not isinstance(vocab, dict):
+    if not isinstance(vocab, dict):
+        raise NmtError(f"{path}: its vocabularies are not a dictionary")
+    if not isinstance(model, dict) or not isinstance(generator, dict):
         raise NmtError(f"{path}: no weights (a checkpoint saved with safetensors beside it is not read yet)")
+    if vocab.get("src_feats"):
+        raise NmtError(f"{path}: a model of source features, which nmt-cli's model does not have")
+    if vocab.get("decoder_start_token", "<s>") != "<s>":
+        raise NmtError(f"{path}: its decoder starts from {vocab['decoder_start_token']!r}: nmt-cli's starts from <s>")
     config, shared = onmt_config(opt, path)
     tokens = [onmt_vocabulary(vocab, side, path) for side in ("src", "tgt")]
     sides = [Side(side, *(token_of(side, SPECIALS[role], path) for role in ("pad", "start", "eos", "unk")))
@@ -81,9 +88,6 @@ def onmt_config(opt: dict[str, Any], path: Path) -> tuple[ModelConfig, bool]:
     for name, plain in PLAIN.items():
         if opt.get(name, plain) != plain:
             raise NmtError(f"{path}: -{name} {opt[name]!r}: nmt-cli's model holds only {plain!r} there")
-    if opt.get("decoder_start_token", "<s>") != "<s>":
-        raise NmtError(f"{path}: -decoder_start_token {opt['decoder_start_token']!r}: nmt-cli's decoder starts "
-                       "from <s>")
     activation = opt.get("pos_ffn_activation_fn", "relu")
     if activation not in ACTIVATIONS:
         raise NmtError(f"{path}: -pos_ffn_activation_fn {activation!r} (nmt-cli has {', '.join(ACTIVATIONS)})")

@@ -43,12 +43,13 @@ def test_scores_of_references_are_onmt_translates(imported):
     assert [json.loads(line)["log_prob"] for line in ours.stdout.splitlines()] == pytest.approx(theirs, abs=1e-4)
 
 
-def changed(path: Path, **options) -> Path:
-    """The fixture with `options` changed, saved to `path`."""
+def changed(path: Path, vocab: dict | None = None, **options) -> Path:
+    """The fixture with `options` and entries of its `vocab` changed, saved to `path`."""
     with torch.serialization.safe_globals([argparse.Namespace]):
         state = torch.load(FIXTURE / "model_step_400.pt", weights_only=True)
     for name, value in options.items():
         setattr(state["opt"], name, value)
+    state["vocab"].update(vocab or {})
     torch.save(state, path)
     return path
 
@@ -58,6 +59,7 @@ def changed(path: Path, **options) -> Path:
     ({"layer_norm": "rms"}, "-layer_norm 'rms': nmt-cli's model holds only 'standard' there"),
     ({"pos_ffn_activation_fn": "silu"}, "-pos_ffn_activation_fn 'silu' \\(nmt-cli has relu, gelu\\)"),
     ({"model_task": "lm"}, "-model_task 'lm': nmt-cli's model holds only 'seq2seq' there"),
+    ({"vocab": {"decoder_start_token": "</s>"}}, "its decoder starts from '</s>': nmt-cli's starts from <s>"),
 ])
 def test_what_cannot_be_held_is_refused_in_one_line(tmp_path, options, message):
     with pytest.raises(NmtError, match=f"^{tmp_path / 'changed.pt'}: {message}"):
