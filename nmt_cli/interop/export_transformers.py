@@ -29,10 +29,9 @@ from nmt_cli.errors import NmtError
 from nmt_cli.interop.card import UNSET_LICENCE, CardConfig, Evaluation, model_card
 from nmt_cli.interop.export_ctranslate2 import text_files, write_export
 from nmt_cli.interop.release import sines_then_cosines
-from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.model.checkpoint import ModelBundle, bundle_of
 from nmt_cli.model.transformer import MultiHeadAttention, SublayerConnection, Transformer
-from nmt_cli.text.vocab import BOS, BOS_ID, EOS_ID, PAD_ID, SPECIALS
+from nmt_cli.text.vocab import BOS, BOS_ID, EOS_ID, PAD_ID, SPECIALS, start_row
 
 
 def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path, card: CardConfig = CardConfig(),
@@ -115,13 +114,9 @@ def marian_config(config_class: Any, bundle: ModelBundle) -> Any:
         max_position_embeddings=config.max_positions, scale_embedding=config.scale_embeddings,
         activation_function=HF_ACTIVATIONS[config.activation],
         dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=config.relu_dropout,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID, decoder_start_token_id=start_id(config),
-        forced_eos_token_id=EOS_ID, tie_word_embeddings=config.tied_output)
-
-
-def start_id(config: ModelConfig) -> int:
-    """The id whose row the decoder starts from (ModelConfig.decoder_start)."""
-    return EOS_ID if config.decoder_start == "eos" else BOS_ID
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+        decoder_start_token_id=start_row(config.decoder_start), forced_eos_token_id=EOS_ID,
+        tie_word_embeddings=config.tied_output)
 
 
 def generate_limit(bundle: ModelBundle, search: SearchConfig) -> int:
@@ -163,7 +158,7 @@ def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
     search = SearchConfig(**bundle.released.search)
     banned = banned_ids(search, bundle.never)
     return config_class(
-        decoder_start_token_id=start_id(bundle.model.config), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        decoder_start_token_id=start_row(bundle.model.config.decoder_start), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID, max_length=generate_limit(bundle, search) + 2,
         num_beams=search.beam, length_penalty=search.lenpen, early_stopping=search.stopping == "early",

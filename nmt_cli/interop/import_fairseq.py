@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import Release, Side, layer_weights
+from nmt_cli.interop.release import Release, Side, layer_weights, read_codes, text_file
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
 from nmt_cli.text.vocab import Vocabulary
@@ -107,15 +107,9 @@ def fairseq_dictionary(path: Path) -> list[str]:
     (fairseq's flags after the count, `#fairseq:overwrite`, allowed)."""
     if not path.is_file():
         raise NmtError(f"{path}: missing (the dictionaries of the checkpoint's data)")
-    text = "\n".join(" ".join(line.split(" ")[:2]) for line in path.read_text(encoding="utf-8").splitlines())
+    lines = text_file(path, "a fairseq dictionary").splitlines()
+    text = "\n".join(" ".join(line.split(" ")[:2]) for line in lines)
     return list(FAIRSEQ_SPECIALS) + Vocabulary.from_text(text, str(path)).tokens[4:]
-
-
-def read_codes(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise NmtError(f"{path}: cannot read the BPE codes ({e})") from None
 
 
 def fairseq_config(options: dict[str, Any], path: Path) -> tuple[ModelConfig, bool, bool]:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import Release, Side, sines_then_cosines
+from nmt_cli.interop.release import Release, Side, read_codes, sentencepiece_file, sines_then_cosines, token_id
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
 
@@ -44,6 +44,8 @@ SPECIALS = {"pad": "<blank>", "start": "<s>", "eos": "</s>", "unk": "<unk>"}  # 
 def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release:
     """An OpenNMT-py checkpoint (its `state`), with the languages and text pipeline `given` or its
     options' subword model where that file is there."""
+    if given.source_lang is None or given.target_lang is None:
+        raise NmtError(f"{path}: an OpenNMT-py checkpoint names no languages: give -s SRC -t TGT")
     opt = vars(state["opt"]) if isinstance(state["opt"], argparse.Namespace) else {}
     vocab, model, generator = state["vocab"], state.get("model"), state["generator"]
     if not isinstance(vocab, dict):
@@ -56,13 +58,10 @@ def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release
         raise NmtError(f"{path}: its decoder starts from {vocab['decoder_start_token']!r}: nmt-cli's starts from <s>")
     config, shared = onmt_config(opt, path)
     tokens = [onmt_vocabulary(vocab, side, path) for side in ("src", "tgt")]
-    sides = [Side(side, *(token_of(side, SPECIALS[role], path) for role in ("pad", "start", "eos", "unk")))
+    sides = [Side(side, *(token_id(side, SPECIALS[role], path) for role in ("pad", "start", "eos", "unk")))
              for side in tokens]
     weights = onmt_weights(model, generator, config, shared, opt, path)
-    if given.source_lang is None or given.target_lang is None:
-        raise NmtError(f"{path}: an OpenNMT-py checkpoint names no languages: give -s SRC -t TGT")
-    langs = (given.source_lang, given.target_lang)
-    text, codes, pieces = onmt_text(opt, given, langs)
+    text, codes, pieces = onmt_text(opt, given, (given.source_lang, given.target_lang))
     order = sines_then_cosines(config.d_model) if opt.get("position_encoding_type") == "SinusoidalConcat" else None
     return Release(config, weights, sides[0], sides[1], shared, text, pieces, pieces, codes, onmt_search(),
                    origin=f"OpenNMT-py ({path.name})", order=order)
@@ -73,13 +72,6 @@ def onmt_vocabulary(vocab: dict[str, Any], side: str, path: Path) -> list[str]:
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens) or len(set(tokens)) != len(tokens):
         raise NmtError(f"{path}: its {side} vocabulary is not a list of distinct tokens")
     return tokens
-
-
-def token_of(tokens: list[str], name: str, path: Path) -> int:
-    try:
-        return tokens.index(name)
-    except ValueError:
-        raise NmtError(f"{path}: its vocabulary has no {name!r}") from None
 
 
 def onmt_config(opt: dict[str, Any], path: Path) -> tuple[ModelConfig, bool]:
@@ -174,10 +166,10 @@ def onmt_text(opt: dict[str, Any], given: ImportConfig, langs: tuple[str, str]) 
     tokenizer = given.tokenizer or "none"
     if pieces_path is not None:
         text = TextConfig(source_lang=langs[0], target_lang=langs[1], subword="sentencepiece")
-        return text, None, pieces_path.read_bytes()
+        return text, None, sentencepiece_file(pieces_path)
     text = TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer,
                       normalize_punctuation=False, protect_tags=False)
-    return text, codes_path.read_text(encoding="utf-8") if codes_path else None, None
+    return text, read_codes(codes_path) if codes_path else None, None
 
 
 def onmt_search() -> dict[str, Any]:

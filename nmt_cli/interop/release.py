@@ -1,8 +1,9 @@
 """Released models: a `Release` as `nmt import` reads it (import_transformers.py,
-import_marian.py), before importer.py makes it ours (its architecture, its weights under our
-names but in Marian's layouts, its vocabularies with the ids of their special roles, its
-SentencePiece models and decoding settings), the reading both release formats share, and Marian's
-layout of the sinusoid."""
+import_marian.py, import_fairseq.py, import_onmt.py), before importer.py makes it ours (its
+architecture, its weights under our names but in its own layouts, its vocabularies with the ids of
+their special roles, its text pipeline and decoding settings), the reading the formats share
+(bounded files, BPE codes, SentencePiece models, checkpoints without running pickled code), and
+Marian's layout of the sinusoid."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.files import small_file
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.text.pieces import load_sentencepiece
+from nmt_cli.text.processor import check_codes
 
 
 def sines_then_cosines(d_model: int) -> torch.Tensor:
@@ -121,6 +123,19 @@ def token_id(tokens: list[str], name: str, source: Path) -> int:
         return tokens.index(name)
     except ValueError:
         raise NmtError(f"{source}: the vocabulary has no {name!r}") from None
+
+
+def text_file(path: Path, what: str) -> str:
+    """A release's text file (a dictionary, BPE codes): a regular UTF-8 file of at most FILE_BYTES."""
+    try:
+        return small_file(path, what, FILE_BYTES).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NmtError(f"{path}: {what} not UTF-8 (byte {e.start})") from None
+
+
+def read_codes(path: Path) -> str:
+    """subword-nmt BPE codes of a checkpoint's text, checked as the text pipeline reads them."""
+    return check_codes(text_file(path, "BPE codes"), str(path))
 
 
 def sentencepiece_file(path: Path) -> bytes:

@@ -20,12 +20,17 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 FILLER = "madeupword{:04d}"  # the never-seen entries that pad a vocabulary (fairseq's name)
 
 
+def start_row(decoder_start: str) -> int:
+    """The row a target's first token (<s>) reads: ModelConfig.decoder_start's."""
+    return EOS_ID if decoder_start == "eos" else BOS_ID
+
+
 def model_ids(decoder_start: str, source_eos: bool) -> dict[str, Any]:
     """The ids a Transformer takes beyond the padding's, of ModelConfig's `decoder_start` (the id a
     target starts with and the row it reads, where they differ) and `source_eos` (an id a source
     ends with that the model never saw)."""
-    return {"start": (BOS_ID, EOS_ID) if decoder_start == "eos" else None,
-            "unseen_end": None if source_eos else EOS_ID}
+    row = start_row(decoder_start)
+    return {"start": (BOS_ID, row) if row != BOS_ID else None, "unseen_end": None if source_eos else EOS_ID}
 
 
 def _is_filler(token: str) -> bool:

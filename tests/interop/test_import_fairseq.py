@@ -93,3 +93,16 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
     refused = cli("import", FIXTURES, "-o", tmp_path / "out.pt", "--data-dir", FIXTURES)
     assert refused.exit_code == 1
     assert "--data-dir: only a checkpoint file (fairseq's, OpenNMT-py's) takes it" in refused.output
+
+
+def test_codes_and_dictionaries_that_are_not_what_they_claim_are_one_line(tmp_path):
+    (tmp_path / "codes").write_text("a b\nthree merge parts\n")
+    with pytest.raises(NmtError, match="codes:2: expected a merge 'a b', got 'three merge parts'"):
+        import_model(FIXTURES / "bpe" / "checkpoint.pt", tmp_path / "out.pt",
+                     options=ImportConfig(source_lang="en", target_lang="de", bpe_codes=tmp_path / "codes"))
+    shutil.copy(FIXTURES / "post" / "checkpoint.pt", tmp_path)
+    shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
+    (tmp_path / "dict.en.txt").write_bytes(b"\xff 3\n")
+    with pytest.raises(NmtError, match="dict.en.txt: a fairseq dictionary not UTF-8 \\(byte 0\\)$"):
+        import_model(tmp_path / "checkpoint.pt", tmp_path / "out.pt", options=WORDS)
+    assert not (tmp_path / "out.pt").exists()

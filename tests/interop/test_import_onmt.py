@@ -70,3 +70,15 @@ def test_what_cannot_be_held_is_refused_in_one_line(tmp_path, options, message):
 def test_the_languages_are_asked_for(tmp_path):
     with pytest.raises(NmtError, match="model_step_400.pt: an OpenNMT-py checkpoint names no languages: give -s SRC"):
         import_model(FIXTURE / "model_step_400.pt", tmp_path / "out.pt")
+
+
+def test_text_files_that_are_not_what_they_claim_are_one_line(tmp_path):
+    (tmp_path / "codes").write_bytes(b"\xff\xfe a b\n")
+    with pytest.raises(NmtError, match="codes: BPE codes not UTF-8 \\(byte 0\\)$"):
+        import_model(FIXTURE / "model_step_400.pt", tmp_path / "out.pt",
+                     options=ImportConfig(source_lang="en", target_lang="de", bpe_codes=tmp_path / "codes"))
+    (tmp_path / "model.spm").write_bytes(b"not a model")
+    with pytest.raises(NmtError, match="model.spm"):
+        import_model(FIXTURE / "model_step_400.pt", tmp_path / "out.pt",
+                     options=ImportConfig(source_lang="en", target_lang="de", sentencepiece=tmp_path / "model.spm"))
+    assert not (tmp_path / "out.pt").exists()
