@@ -218,11 +218,12 @@ def translate(models: tuple[Path, ...], input_path: Path | None, output_path: Pa
 
     search = build(SearchConfig, **fields_of(SearchConfig, options))
     config = build(TranslateConfig, run=build(RunConfig, search=search, **fields_of(RunConfig, options)), **options)
-    searching = sorted(changed_flags() & set(SearchConfig.__dataclass_fields__) - {"lenpen", "lenpen_form"})
+    penalty = {"lenpen", "lenpen_form", "lenpen_start"}
+    searching = sorted(changed_flags() & set(SearchConfig.__dataclass_fields__) - penalty)
     if config.score_reference and searching:
         raise click.UsageError(f"{flag_name(SearchConfig.__dataclass_fields__[searching[0]])} applies only to "
-                               "translation, not with --score-reference (--lenpen and --lenpen-form set its scores' "
-                               "penalty)")
+                               "translation, not with --score-reference (--lenpen, --lenpen-form and --lenpen-start "
+                               "set its scores' penalty)")
     if config.attention_plot is not None:
         from nmt_cli.plot import plot_directory, pyplot
 

@@ -24,7 +24,7 @@ DEVICE = (r"auto|cpu|cuda(:[0-9]+)?|mps", "auto, cpu, cuda, cuda:N or mps")
 TOKENIZERS = ("moses", "none")
 SUBWORDS = ("bpe", "sentencepiece")
 LENPEN_FORMS = ("gnmt", "length")
-STOPPING = ("early", "heuristic")
+STOPPING = ("early", "heuristic", "onmt")
 TAG = r"<[^<>\s]+>"  # a tag such as <2de> or <BT>: tagged back-translation, multilingual models
 
 
@@ -72,9 +72,12 @@ class SearchConfig(Options):
     lenpen_form: str = knob("gnmt", "How --lenpen divides a hypothesis' log-probability: gnmt by ((5 + |Y|) / 6)^alpha "
                             "(Wu et al., 2016; the paper's §6.1), length by |Y|^alpha (Marian, transformers, "
                             "CTranslate2); |Y| counts </s>.", choices=LENPEN_FORMS)
+    lenpen_start: bool = knob(False, "The length penalty's |Y| counts <s> as well (OpenNMT-py's does).")
     stopping: str = knob("early", "early: a sentence is done once --beam hypotheses have finished; heuristic: it then "
                          "goes on while its best live hypothesis, scored at its present length, beats the worst of "
-                         "the --beam best finished ones (transformers' default; the imported models' own).",
+                         "the --beam best finished ones (transformers' default; the imported models' own); onmt: "
+                         "a step's --beam best candidates include those that finish, a sentence is done once the best "
+                         "of them is </s>, and at the length limit each ends as it is (OpenNMT-py's).",
                          choices=STOPPING, only_if=SEARCHING)
     max_len_a: float = knob(1.0, "Max output length = a * input length + b (within the model's positions).",
                              min=0.0)

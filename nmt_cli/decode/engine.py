@@ -19,7 +19,7 @@ from nmt_cli.decode.constraints import Phrases, positions
 from nmt_cli.decode.generator import Generator
 from nmt_cli.decode.pipeline import TextPipeline, joining_ids
 from nmt_cli.decode.records import Scored, Translation, attention_record
-from nmt_cli.decode.search import Hypothesis, length_penalty, max_lengths
+from nmt_cli.decode.search import Hypothesis, max_lengths, penalty_of
 from nmt_cli.decode.shortlist import Shortlist
 from nmt_cli.errors import NmtError
 from nmt_cli.model.checkpoint import ModelBundle
@@ -213,6 +213,6 @@ class Engine:
         source_ids = [self.pipeline.source_ids(line, first_number + k) for k, line in enumerate(sources)]
         target_ids = [self.pipeline.target_ids(line, first_number + k, "reference") for k, line in enumerate(targets)]
         search = self.config.search
-        return [Scored(sum(scores), sum(scores) / length_penalty(len(scores), search.lenpen, search.lenpen_form),
+        return [Scored(sum(scores), sum(scores) / penalty_of(search)(len(scores)),
                        self.pipeline.tokens(ids) + ["</s>"], scores)
                 for ids, scores in zip(target_ids, self.generator.score(source_ids, target_ids))]

@@ -4,7 +4,6 @@ most probable hypotheses; the same decoder steps, controls and forced tokens."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -13,7 +12,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.decode.controls import OutputControls
 from nmt_cli.decode.ensemble import Ensemble
-from nmt_cli.decode.search import Hypothesis, forced_tokens, length_penalty, output_limits
+from nmt_cli.decode.search import Hypothesis, forced_tokens, output_limits, penalty_of
 from nmt_cli.device import steps_between_reads
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -57,7 +56,7 @@ def sample(models: Ensemble, src: Tensor, config: SearchConfig, generator: torch
         if (step + 1) % read_every == 0 and bool(done.all()):
             break
     history = history.cpu()  # one read for all samples, not one per sample
-    penalty = functools.partial(length_penalty, alpha=config.lenpen, form=config.lenpen_form)
+    penalty = penalty_of(config)
     samples = [Hypothesis(history[row, 1:size].tolist(), lp / penalty(size), lp)
                for row, (size, lp) in enumerate(zip(length.tolist(), log_prob.tolist()))]
     return [sorted(samples[i * n:(i + 1) * n], key=lambda h: -h.score) for i in range(batch)]

@@ -14,14 +14,19 @@ nbest-th (its log-probability can only fall, and lp is largest at the maximum le
 the maximum length is reached. With `stopping` "heuristic" (transformers' default beam search,
 with which released models are run), (a) becomes: `beam` hypotheses have finished and the best
 live one, scored at its present length, does not beat the worst of them; the sentence then keeps
-its `beam` best finished hypotheses. With beam 1 this is greedy decoding.
+its `beam` best finished hypotheses. With `stopping` "onmt" (OpenNMT-py's beam search), a step's
+candidates are its `beam` best only, so a hypothesis that finishes takes one of the live ones'
+places; (a) becomes: the step's best candidate is EOS (and `nbest` have finished), the sentence
+keeps its `beam` best finished hypotheses, and (c) ends every candidate of the last step as it
+is, EOS or not. With beam 1 this is greedy decoding.
 """
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,6 +50,12 @@ class Hypothesis:
 def length_penalty(length: int | Tensor, alpha: float, form: str = "gnmt") -> float | Tensor:
     """GNMT length penalty ((5 + |Y|) / 6)^alpha (Wu et al., 2016), or with `form` "length" |Y|^alpha."""
     return (length if form == "length" else (5 + length) / 6) ** alpha
+
+
+def penalty_of(config: SearchConfig) -> Callable[[Any], Any]:
+    """The length penalty of an output of |Y| tokens (EOS included) under `config`'s --lenpen,
+    --lenpen-form and --lenpen-start (with which |Y| counts the <s> too)."""
+    return lambda length: length_penalty(length + config.lenpen_start, config.lenpen, config.lenpen_form)
 
 
 def max_lengths(src_lengths: Tensor, config: SearchConfig, max_positions: int) -> Tensor:
@@ -79,13 +90,19 @@ def heuristic(config: SearchConfig) -> bool:
     return config.stopping == "heuristic" and config.beam > 1
 
 
+def keeps_best(config: SearchConfig) -> bool:
+    """Whether a sentence keeps only its `beam` best finished hypotheses after each step (when it
+    may finish more than `beam`)."""
+    return config.stopping in ("heuristic", "onmt") and config.beam > 1
+
+
 SHORT = 1e9  # ranks a hypothesis short of its constraints after those that hold them
 
 
 class Finished:
     """The hypotheses each sentence of a search has finished, kept on the search's device so that
     a step reads nothing back to the host. A sentence has 2 * beam slots: it stops collecting
-    once it holds `beam` (with the heuristic stopping, it keeps its `beam` best after each step),
+    once it holds `beam` (with the heuristic or onmt stopping, it keeps its `beam` best after each step),
     and one step adds at most `beam`. One more slot takes the writes of the candidates that did
     not finish. Scores are float64, as the host's floats were, so that the
     stopping test and the final order are those of a search kept on the host. A hypothesis that
@@ -101,16 +118,18 @@ class Finished:
         self.short = torch.zeros(batch, self.spare + 1, dtype=torch.bool, device=device)
 
     def add(self, sentences: Tensor, is_new: Tensor, log_probs: Tensor, tokens: Tensor, penalty: float,
-            short: Tensor | None = None) -> None:
+            short: Tensor | None = None, lengths: Tensor | None = None) -> None:
         """Candidates `is_new` (sentences, beam) finish with `log_probs` and `tokens` (sentences,
         beam, step), each sentence's in order of rank; `sentences` are their sentence ids; `short`:
-        those without all their constraints."""
+        those without all their constraints; `lengths`: how many of their `tokens` are theirs
+        (default: all)."""
         slot = torch.where(is_new, self.count[sentences].unsqueeze(1) + is_new.cumsum(1) - 1, self.spare)
         where = (sentences.unsqueeze(1).expand_as(slot), slot)
         log_probs = log_probs.double()
         self.score.index_put_(where, log_probs / penalty)
         self.log_prob.index_put_(where, log_probs)
-        self.length.index_put_(where, slot.new_full((), tokens.size(2)))  # not `= int`: a copy from the host
+        self.length.index_put_(where, lengths if lengths is not None else
+                               slot.new_full((), tokens.size(2)))  # not `= int`: a copy from the host
         self.tokens[:, :, : tokens.size(2)].index_put_(where, tokens)
         if short is not None:
             self.short.index_put_(where, short)
@@ -129,14 +148,18 @@ class Finished:
         self.score[:, beam : self.spare] = -math.inf
         self.count.clamp_(max=beam)
 
-    def done(self, sentences: Tensor, best_live: Tensor, bound: Tensor, present: float, config: SearchConfig) -> Tensor:
+    def done(self, sentences: Tensor, best_live: Tensor, bound: Tensor, present: float, config: SearchConfig,
+             best_ended: Tensor) -> Tensor:
         """Whether each of `sentences` is done by (a) or (b) of the module docstring, given its
-        best live log-probability, the length penalty of its longest output (`bound`) and that of
-        the live hypotheses' present length (`present`, for the heuristic (a))."""
+        best live log-probability, the length penalty of its longest output (`bound`), that of
+        the live hypotheses' present length (`present`, for the heuristic (a)) and whether its
+        step's best candidate finished (`best_ended`, for the onmt (a))."""
         count, best_live = self.count[sentences], best_live.double()
         nth_best = self.score[sentences, : self.spare].topk(config.nbest, dim=1).values[:, -1]
         full = count >= config.beam
-        if heuristic(config):
+        if config.stopping == "onmt":
+            full = best_ended & (count >= config.nbest)
+        elif heuristic(config):
             worst = self.score[sentences, : config.beam].min(dim=1).values
             full &= best_live / present <= worst
         return full | ((count >= config.nbest) & (best_live / bound <= nth_best))
@@ -209,6 +232,26 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
     return top_scores, top // per_row, tokens.view(n, -1).gather(1, top), top
 
 
+def _finish(finished: Finished, beams: Beams, step: int, candidates: tuple[Tensor, Tensor, Tensor, Tensor],
+            config: SearchConfig, terms: Terms | None) -> Tensor:
+    """Add to `finished` the `candidates` (`_best_candidates`) that end at `step`: EOS among each
+    sentence's top `beam`, of a sentence not done before; with the onmt stopping, every one of
+    them at its sentence's last step (with its token when not EOS). `terms`: those of an
+    allocating search. Returns whether each sentence's best candidate ended."""
+    top_scores, top_row, top_token, top = (x[:, : config.beam] for x in candidates)
+    (n, width), device = beams.scores.shape, top.device
+    is_eos = top_token == EOS_ID
+    last = beams.limits - 1 == step if config.stopping == "onmt" else torch.zeros_like(beams.done)
+    is_new = (is_eos | last.unsqueeze(1)) & top_scores.isfinite() & ~beams.done.unsqueeze(1)
+    ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row, 1:]
+    lengths = None
+    if config.stopping == "onmt":
+        ended, lengths = torch.cat([ended, top_token.unsqueeze(2)], 2), step + (~is_eos).long()
+    short = terms.short(top, beams.sentences) if terms is not None else None
+    finished.add(beams.sentences, is_new, top_scores, ended, penalty_of(config)(step + 1), short, lengths)
+    return is_new[:, 0]
+
+
 @torch.inference_mode()
 def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: Tensor | None = None,
                 terms: Terms | None = None, columns: Tensor | None = None) -> list[list[Hypothesis]]:
@@ -232,7 +275,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     scores[:, 1:] = -math.inf  # identical beams: expand the first only
     # A live hypothesis can beat a finished score only if its log-probability over the penalty of
     # its sentence's longest output does.
-    penalty = functools.partial(length_penalty, alpha=config.lenpen, form=config.lenpen_form)
+    penalty = penalty_of(config)
     bound = torch.tensor([penalty(n + 1) for n in limit], dtype=torch.float64, device=device)
     beams = Beams(scores, torch.full((batch * width, 1), BOS_ID, device=device), torch.arange(batch, device=device),
                   limits, bound, torch.zeros(batch, dtype=torch.bool, device=device), prefixes, limit)
@@ -240,6 +283,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     finished = Finished(batch, beam, max(limit) + 1, device)
     controls, read_every = layer.controls(OutputControls.of(config, models.never, device)), steps_between_reads(device)
     allocating = terms is not None and terms.allocates  # the beam shared among banks (constraints.py)
+    onmt = config.stopping == "onmt"
     if allocating:
         terms.start(batch, width)
 
@@ -249,24 +293,26 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
         top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, controls, terms,
                                                                      layer)
         is_eos = top_token == EOS_ID
-        # Finished: EOS among the top `beam` candidates, of a sentence not done before.
-        is_new = is_eos[:, :beam] & top_scores[:, :beam].isfinite() & ~beams.done.unsqueeze(1)
-        ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row[:, :beam], 1:]
-        short = terms.short(top[:, :beam], beams.sentences) if allocating else None
-        finished.add(beams.sentences, is_new, top_scores[:, :beam], ended, penalty(step + 1), short)
-        if heuristic(config):
+        best_ended = _finish(finished, beams, step, (top_scores, top_row, top_token, top), config,
+                             terms if allocating else None)
+        if keeps_best(config):
             finished.keep_best(beam)
-        # The first `beam` continuations that are not EOS (by score; with terms, by allocation).
+        # The first `beam` continuations that are not EOS (by score; with terms, by allocation);
+        # with the onmt stopping, those among the first `beam` only (the others' rows are dead).
         order = -torch.arange(top.size(1), device=device, dtype=top_scores.dtype).expand_as(top_scores) \
             if allocating else top_scores
-        live = order.masked_fill(is_eos, -math.inf).topk(beam, dim=1)
-        beams.scores = top_scores.gather(1, live.indices) if allocating else live.values
+        unfit = is_eos
+        if onmt:
+            unfit = is_eos | (torch.arange(top.size(1), device=device) >= beam)
+        live = order.masked_fill(unfit, -math.inf).topk(beam, dim=1)
+        beams.scores = top_scores.gather(1, live.indices).masked_fill(live.values == -math.inf, -math.inf) \
+            if allocating else live.values
         if allocating:
             terms.advance(top.gather(1, live.indices))
         origin = (torch.arange(n, device=device).unsqueeze(1) * width + top_row.gather(1, live.indices)).view(-1)
         beams.history = torch.cat([beams.history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
-        beams.done |= (beams.limits <= step) | finished.done(beams.sentences, beams.scores.max(dim=1).values,
-                                                             beams.bound, penalty(step + 1), config)
+        beams.done |= (beams.limits - int(onmt) <= step) | finished.done(
+            beams.sentences, beams.scores.max(dim=1).values, beams.bound, penalty(step + 1), config, best_ended)
         index = None
         if (step + 1) % read_every == 0:
             keep = [r for r, is_done in enumerate(beams.done.tolist()) if not is_done]

@@ -38,7 +38,8 @@ class SearchOptions(TypedDict, total=False):
     beam: int
     lenpen: float
     lenpen_form: Literal["gnmt", "length"]
-    stopping: Literal["early", "heuristic"]
+    lenpen_start: bool
+    stopping: Literal["early", "heuristic", "onmt"]
     max_len_a: float
     max_len_b: int
     max_len: int | None

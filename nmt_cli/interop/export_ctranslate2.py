@@ -177,6 +177,8 @@ def text_files(bundle: ModelBundle, out: Path) -> None:
     search = SearchConfig(**bundle.released.search)
     form = "by |Y|^alpha, as CTranslate2 does" if search.lenpen_form == "length" else \
         "by ((5 + |Y|) / 6)^alpha (GNMT); CTranslate2 and transformers by |Y|^alpha"
+    if search.lenpen_start:
+        form += ", with |Y| counting <s> too (OpenNMT-py's)"
     about = {"text_config": text.to_dict(), "steps": steps, "model_config": bundle.model.config.to_dict(),
              "search": {"beam_size": search.beam, "length_penalty": search.lenpen,
                         "max_decoding_length": bundle.model.config.max_positions - 1,

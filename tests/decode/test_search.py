@@ -84,12 +84,16 @@ def reference_beam_search(models, src, config, columns=None):
     averaged (an ensemble); `columns`: the only tokens of a shortlist. Same finishing rules
     (search module docstring): with the heuristic stopping, the `beam` best finished are kept,
     and the sentence goes on while the best live hypothesis over the penalty of its present
-    length beats the worst of them."""
+    length beats the worst of them. With the onmt stopping, written as OpenNMT-py's beam search
+    does it: a step's `beam` best candidates, those ending in EOS finished and the rest live, every
+    finished one kept, done once the step's best candidate is EOS, and at the length limit every
+    candidate finished as it is."""
     def penalty(length):
-        return length_penalty(length, config.lenpen, config.lenpen_form)
+        return length_penalty(length + config.lenpen_start, config.lenpen, config.lenpen_form)
 
     members = models if isinstance(models, list) else [models]
     heuristic = config.stopping == "heuristic" and config.beam > 1
+    onmt = config.stopping == "onmt"
     banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
     limit = int(max_lengths((src != PAD_ID).sum(1) - 1, config, SEARCH_TINY.max_positions)[0])
     live, finished = [(0.0, [])], []
@@ -111,9 +115,17 @@ def reference_beam_search(models, src, config, columns=None):
                 lprobs[:] = -math.inf
                 lprobs[EOS_ID] = eos
             candidates += [(score + lp, tokens + [t]) for t, lp in enumerate(lprobs.tolist())]
-        candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * config.beam]
+        candidates = sorted(candidates, key=lambda c: -c[0])[: config.beam if onmt else 2 * config.beam]
         finished += [(lp / penalty(step + 1), lp, tokens[:-1])
                      for lp, tokens in candidates[: config.beam] if tokens[-1] == EOS_ID and lp > -math.inf]
+        if onmt:
+            live = [c for c in candidates if c[1][-1] != EOS_ID]
+            if step == limit - 1:
+                finished += [(lp / penalty(step + 1), lp, tokens) for lp, tokens in live if lp > -math.inf]
+                break
+            if candidates[0][1][-1] == EOS_ID and len(finished) >= config.nbest:
+                break
+            continue
         if heuristic:
             finished = sorted(finished, key=lambda f: -f[0])[: config.beam]
         live = [c for c in candidates if c[1][-1] != EOS_ID][: config.beam]
@@ -127,6 +139,7 @@ def reference_beam_search(models, src, config, columns=None):
 
 @pytest.mark.parametrize("rules", [{}, {"lenpen_form": "length", "lenpen": 1.0, "stopping": "heuristic"},
                                    {"stopping": "heuristic", "lenpen": 2.0},
+                                   {"lenpen_form": "length", "lenpen": 1.0, "lenpen_start": True, "stopping": "onmt"},
                                    {"min_len": 3, "no_repeat_ngram_size": 2, "repetition_penalty": 1.5},
                                    {"no_repeat_ngram_size": 1, "repetition_penalty": 0.7, "stopping": "heuristic"}])
 @pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4), (4, 601, 5)])
@@ -147,7 +160,7 @@ def test_search_equals_the_search_written_out(beam, vocab, seed, rules):
 
 @pytest.mark.parametrize("beam, seed, members, rules", [
     (2, 0, 1, {}), (4, 1, 1, {"min_len": 2, "no_repeat_ngram_size": 2, "repetition_penalty": 1.5}),
-    (4, 2, 2, {"stopping": "heuristic", "lenpen": 1.5}), (5, 3, 1, {"nbest": 3})])
+    (4, 2, 2, {"stopping": "heuristic", "lenpen": 1.5}), (5, 3, 1, {"nbest": 3}), (4, 4, 1, {"stopping": "onmt"})])
 def test_a_shortlisted_search_is_the_search_written_out_over_its_columns(beam, seed, members, rules):
     """A shortlist's columns: each model's softmax over them alone (averaged in an ensemble), and
     no other token output; the controls as they are over the whole vocabulary."""

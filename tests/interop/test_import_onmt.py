@@ -1,7 +1,7 @@
 """`nmt import` of OpenNMT-py 3.x checkpoints: a small real one made by OpenNMT-py 3.5.1 itself
 (tests/fixtures/onmt/make.sh: its pre-norm Transformer with all embeddings shared, sources without
 </s>, no attention or FFN biases, layer norms' epsilon 1e-6), read without running pickled code,
-and onmt_translate's own greedy translations and scores of the references as the oracle."""
+and onmt_translate's own translations (beam 1 and 4) and scores of the references as the oracle."""
 
 import argparse
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, multi30k_lines
+from conftest import NEEDS_CTRANSLATE2, cli, multi30k_lines
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
@@ -27,11 +27,14 @@ def imported(tmp_path_factory) -> Path:
     return out
 
 
-def test_greedy_translations_are_onmt_translates(imported):
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_are_onmt_translates(imported, beam):
+    """Its beam search too (the imported --stopping onmt and --lenpen-start), on every line; two
+    of the 20 stop at the length limit."""
     lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))
-    ours = cli("translate", "-m", imported, "--beam", 1, "--device", "cpu", input=lines)
+    ours = cli("translate", "-m", imported, "--beam", beam, "--device", "cpu", input=lines)
     assert ours.exit_code == 0, ours.output
-    assert ours.stdout.splitlines() == (FIXTURE / "valid.beam1.de").read_text().splitlines()
+    assert ours.stdout.splitlines() == (FIXTURE / f"valid.beam{beam}.de").read_text().splitlines()
 
 
 def test_scores_of_references_are_onmt_translates(imported):
@@ -40,7 +43,25 @@ def test_scores_of_references_are_onmt_translates(imported):
                input="".join(f"{source}\t{reference}\n" for source, reference in pairs))
     assert ours.exit_code == 0, ours.output
     theirs = [float(x) for x in (FIXTURE / "valid.reference-score").read_text().split()]  # GOLD SCORE: nats
-    assert [json.loads(line)["log_prob"] for line in ours.stdout.splitlines()] == pytest.approx(theirs, abs=1e-4)
+    records = [json.loads(line) for line in ours.stdout.splitlines()]
+    assert [record["log_prob"] for record in records] == pytest.approx(theirs, abs=1e-4)
+    # onmt_translate's "avg" penalty: over the length counting <s> and </s> (its PRED SCOREs)
+    assert [r["score"] for r in records] == pytest.approx([r["log_prob"] / (len(r["tokens"]) + 1) for r in records])
+
+
+@NEEDS_CTRANSLATE2
+def test_the_ctranslate2_export_scores_the_references_as_onmt_translate(imported, tmp_path):
+    """The export carries what the import holds (sources without </s>, the epsilon, the biases)."""
+    import ctranslate2
+
+    assert cli("export", "-m", imported, "--format", "ctranslate2", "-o", tmp_path / "ct2").exit_code == 0
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    scored = translator.score_batch([line.split() for line in multi30k_lines(20, "en", "val")],
+                                    [line.split() for line in multi30k_lines(20, "de", "val")])
+    theirs = [float(x) for x in (FIXTURE / "valid.reference-score").read_text().split()]
+    assert [sum(result.log_probs) for result in scored] == pytest.approx(theirs, abs=1e-4)
+    note = json.loads((tmp_path / "ct2" / "nmt-cli.json").read_text())["search"]["note"]
+    assert "counting <s> too" in note
 
 
 def changed(path: Path, vocab: dict | None = None, **options) -> Path:

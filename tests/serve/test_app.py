@@ -142,7 +142,7 @@ def test_metrics_count_requests_sentences_tokens_and_searches(server):
     ({"text": ["a", 7]}, 400, "sentence 2: input should be a valid string"),
     ({"text": ["a"], "beam": "4"}, 400, "beam: input should be a valid integer"),
     ({"text": ["a"], "beam": True}, 400, "beam: input should be a valid integer"),
-    ({"text": ["a"], "stopping": "never"}, 400, "stopping: input should be 'early' or 'heuristic'"),
+    ({"text": ["a"], "stopping": "never"}, 400, "stopping: input should be 'early', 'heuristic' or 'onmt'"),
     ({"text": ["a"], "beam": 2, "nbest": 3}, 400, "--nbest 3 is larger than --beam 2"),
     ({"text": ["a"], "beam": 20000, "max_len_b": 1000}, 400, "beam: input should be less than or equal to 1024"),
     ({"text": ["a"], "temperature": 0.5}, 400, "temperature applies only with --sampling"),
