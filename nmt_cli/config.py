@@ -25,6 +25,7 @@ TOKENIZERS = ("moses", "none")
 SUBWORDS = ("bpe", "sentencepiece")
 LENPEN_FORMS = ("gnmt", "length")
 STOPPING = ("early", "heuristic", "onmt")
+LIMIT_ENDS = ("scored", "free", "cut")
 TAG = r"<[^<>\s]+>"  # a tag such as <2de> or <BT>: tagged back-translation, multilingual models
 
 
@@ -76,9 +77,11 @@ class SearchConfig(Options):
     stopping: str = knob("early", "early: a sentence is done once --beam hypotheses have finished; heuristic: it then "
                          "goes on while its best live hypothesis, scored at its present length, beats the worst of "
                          "the --beam best finished ones (transformers' default; the imported models' own); onmt: "
-                         "a step's --beam best candidates include those that finish, a sentence is done once the best "
-                         "of them is </s>, and at the length limit each ends as it is (OpenNMT-py's).",
-                         choices=STOPPING, only_if=SEARCHING)
+                         "a step's --beam best candidates include those that finish, and a sentence is done once the "
+                         "best of them is </s> (OpenNMT-py's).", choices=STOPPING, only_if=SEARCHING)
+    at_limit: str = knob("scored", "How an output that reaches the length limit ends: scored: with </s> at its own "
+                         "log-probability (fairseq's); free: with </s> at no cost (transformers' forced </s>); cut: "
+                         "with its last token, no </s> (OpenNMT-py's).", choices=LIMIT_ENDS, only_if=SEARCHING)
     max_len_a: float = knob(1.0, "Max output length = a * input length + b (within the model's positions).",
                              min=0.0)
     max_len_b: int = knob(50, "See --max-len-a.", min=0)

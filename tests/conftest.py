@@ -347,11 +347,15 @@ def exported(request, tmp_path_factory):
     return tmp, bundle, sources
 
 
-def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, bos: int | None = None, **changes):
+def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, bos: int | None = None, codes: tuple[str, ...] = (),
+                    target_size: int | None = None, **changes):
     """A released en-mg model directory as the Hub has it (config.json with the generation settings
     in it, no generation_config.json), smaller, with random weights (`changes`: to config.json;
     `eos`: the id of </s>, 0 in en-mg, 44670 in tc-big releases; `bos`: the id of an ordinary
-    `<s>` entry, 44671 in tc-big releases, none in en-mg); and that MarianMTModel."""
+    `<s>` entry, 44671 in tc-big releases, none in en-mg; `codes`: target language tags such as
+    `>>fra<<` that a multilingual release's source vocabulary holds; `target_size`: separate
+    vocabularies, the target's that many of the source's tokens in another order, with `<pad>` at
+    its end and at the same id in the source's); and that MarianMTModel."""
     import json
     import shutil
 
@@ -363,6 +367,10 @@ def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, bos: int | Non
     config = {**json.loads((EN_MG / "config.json").read_text()), **SMALL_MARIAN, **changes}
     if eos:
         config.update(eos_token_id=eos, forced_eos_token_id=eos)
+    if target_size:
+        config.update(decoder_vocab_size=target_size, pad_token_id=target_size - 1,
+                      decoder_start_token_id=target_size - 1, share_encoder_decoder_embeddings=False,
+                      bad_words_ids=[[target_size - 1]])
     torch.manual_seed(seed)
     model = transformers.MarianMTModel(transformers.MarianConfig.from_dict(config)).eval()
     with torch.no_grad():
@@ -382,8 +390,32 @@ def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, bos: int | Non
     if bos is not None:  # the token at `bos` is renamed <s>
         del vocab[next(token for token, i in vocab.items() if i == bos)]
         vocab["<s>"] = bos
+    for code, i in zip(codes, range(54000, 54687)):  # a tag takes the place of an ordinary token
+        vocab = {token: j for token, j in vocab.items() if j != i} | {code: i}
+    if target_size:
+        vocab = separate_target(directory, vocab, target_size, seed)
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     return model
+
+
+def separate_target(directory: Path, vocab: dict[str, int], size: int, seed: int) -> dict[str, int]:
+    """Writes target_vocab.json (`size` tokens: </s> and <unk> where the source has them, a random
+    draw of its other tokens, <pad> last) and separate_vocabs to tokenizer_config.json; returns the
+    source vocabulary with <pad> at the target's id of it (the config's one pad_token_id)."""
+    import json
+    import random
+
+    pad = size - 1
+    by_id = sorted(vocab, key=vocab.get)
+    source = dict(vocab) | {by_id[pad]: vocab["<pad>"], "<pad>": pad}
+    ordinary = [t for t in by_id if t not in ("</s>", "<unk>", "<pad>")]
+    drawn = random.Random(seed).sample(ordinary, size - 3)
+    target = {"</s>": vocab["</s>"], "<unk>": vocab["<unk>"]}
+    target |= dict(zip(drawn, (i for i in range(size) if i not in (*target.values(), pad)))) | {"<pad>": pad}
+    (directory / "target_vocab.json").write_text(json.dumps(target, ensure_ascii=False), encoding="utf-8")
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings | {"separate_vocabs": True}))
+    return source
 
 
 def free_port() -> int:

@@ -16,9 +16,11 @@ with which released models are run), (a) becomes: `beam` hypotheses have finishe
 live one, scored at its present length, does not beat the worst of them; the sentence then keeps
 its `beam` best finished hypotheses. With `stopping` "onmt" (OpenNMT-py's beam search), a step's
 candidates are its `beam` best only, so a hypothesis that finishes takes one of the live ones'
-places; (a) becomes: the step's best candidate is EOS (and `nbest` have finished), the sentence
-keeps its `beam` best finished hypotheses, and (c) ends every candidate of the last step as it
-is, EOS or not. With beam 1 this is greedy decoding.
+places; (a) becomes: the step's best candidate is EOS (and `nbest` have finished), and the
+sentence keeps its `beam` best finished hypotheses. At the length limit (c) an output ends with
+EOS at its own log-probability, or with `at_limit` "free" at none (transformers' forced EOS), or
+with "cut" as it is: every one of the top `beam` candidates of the last step finishes, EOS or
+not. With beam 1 this is greedy decoding.
 """
 
 from __future__ import annotations
@@ -235,17 +237,17 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
 def _finish(finished: Finished, beams: Beams, step: int, candidates: tuple[Tensor, Tensor, Tensor, Tensor],
             config: SearchConfig, terms: Terms | None) -> Tensor:
     """Add to `finished` the `candidates` (`_best_candidates`) that end at `step`: EOS among each
-    sentence's top `beam`, of a sentence not done before; with the onmt stopping, every one of
+    sentence's top `beam`, of a sentence not done before; with `at_limit` "cut", every one of
     them at its sentence's last step (with its token when not EOS). `terms`: those of an
     allocating search. Returns whether each sentence's best candidate ended."""
     top_scores, top_row, top_token, top = (x[:, : config.beam] for x in candidates)
     (n, width), device = beams.scores.shape, top.device
     is_eos = top_token == EOS_ID
-    last = beams.limits - 1 == step if config.stopping == "onmt" else torch.zeros_like(beams.done)
+    last = beams.limits - 1 == step if config.at_limit == "cut" else torch.zeros_like(beams.done)
     is_new = (is_eos | last.unsqueeze(1)) & top_scores.isfinite() & ~beams.done.unsqueeze(1)
     ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row, 1:]
     lengths = None
-    if config.stopping == "onmt":
+    if config.at_limit == "cut":
         ended, lengths = torch.cat([ended, top_token.unsqueeze(2)], 2), step + (~is_eos).long()
     short = terms.short(top, beams.sentences) if terms is not None else None
     finished.add(beams.sentences, is_new, top_scores, ended, penalty_of(config)(step + 1), short, lengths)
@@ -283,7 +285,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     finished = Finished(batch, beam, max(limit) + 1, device)
     controls, read_every = layer.controls(OutputControls.of(config, models.never, device)), steps_between_reads(device)
     allocating = terms is not None and terms.allocates  # the beam shared among banks (constraints.py)
-    onmt = config.stopping == "onmt"
+    onmt, cut = config.stopping == "onmt", config.at_limit == "cut"
     if allocating:
         terms.start(batch, width)
 
@@ -292,6 +294,9 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
         n, width = beams.scores.shape
         top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, controls, terms,
                                                                      layer)
+        if config.at_limit == "free" and step >= beams.soonest_limit:  # the forced EOS costs nothing
+            free = (beams.limits == step).unsqueeze(1) & (top_token == EOS_ID)
+            top_scores = torch.where(free, beams.scores.gather(1, top_row), top_scores)
         is_eos = top_token == EOS_ID
         best_ended = _finish(finished, beams, step, (top_scores, top_row, top_token, top), config,
                              terms if allocating else None)
@@ -311,7 +316,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
             terms.advance(top.gather(1, live.indices))
         origin = (torch.arange(n, device=device).unsqueeze(1) * width + top_row.gather(1, live.indices)).view(-1)
         beams.history = torch.cat([beams.history[origin], top_token.gather(1, live.indices).view(-1, 1)], dim=1)
-        beams.done |= (beams.limits - int(onmt) <= step) | finished.done(
+        beams.done |= (beams.limits - int(cut) <= step) | finished.done(
             beams.sentences, beams.scores.max(dim=1).values, beams.bound, penalty(step + 1), config, best_ended)
         index = None
         if (step + 1) % read_every == 0:

@@ -40,6 +40,7 @@ class SearchOptions(TypedDict, total=False):
     lenpen_form: Literal["gnmt", "length"]
     lenpen_start: bool
     stopping: Literal["early", "heuristic", "onmt"]
+    at_limit: Literal["scored", "free", "cut"]
     max_len_a: float
     max_len_b: int
     max_len: int | None

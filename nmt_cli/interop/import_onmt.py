@@ -174,7 +174,7 @@ def onmt_text(opt: dict[str, Any], given: ImportConfig, langs: tuple[str, str]) 
 
 def onmt_search() -> dict[str, Any]:
     """onmt_translate's defaults: beam 5 with its own stopping, a hypothesis' score over its
-    length counting <s> ("avg"), at most 1.25 x the source + 5 tokens and at most 250, </s>
-    allowed first."""
+    length counting <s> ("avg"), at most 1.25 x the source + 5 tokens and at most 250 (and then
+    no </s>), </s> allowed first."""
     return {"beam": 5, "lenpen": 1.0, "lenpen_form": "length", "lenpen_start": True, "stopping": "onmt",
-            "max_len_a": 1.25, "max_len_b": 5, "max_len": 250, "min_len": 0, "allow_unk": True}
+            "at_limit": "cut", "max_len_a": 1.25, "max_len_b": 5, "max_len": 250, "min_len": 0, "allow_unk": True}

@@ -267,8 +267,8 @@ def transformers_search(source: Path, config: dict[str, Any], target: Side,
                         warn: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
     """The search `generate()` runs with this release's settings (generation_config.json, or the
     ones older releases keep in config.json, which transformers 5 no longer reads): beam, length
-    penalty (|Y|^alpha), stopping rule, length limit, banned tokens, minimum length, n-gram and
-    repetition controls."""
+    penalty (|Y|^alpha), stopping rule, length limit and how an output ends there, banned tokens,
+    minimum length, n-gram and repetition controls."""
     path = source / "generation_config.json"
     generation = read_json(path) if path.is_file() else config
     where = path if path.is_file() else source / "config.json"
@@ -284,7 +284,8 @@ def transformers_search(source: Path, config: dict[str, Any], target: Side,
     new_tokens = setting(generation, "max_new_tokens", int, None, where, low=1)
     limit = new_tokens if new_tokens is not None else setting(generation, "max_length", int, 20, where, low=1) - 1
     forced = generation.get("forced_eos_token_id")
-    limit -= (forced[0] if isinstance(forced, list) and forced else forced) == target.eos
+    forces_eos = (forced[0] if isinstance(forced, list) and forced else forced) == target.eos
+    limit -= forces_eos
     ignored = [key for key, default in (("do_sample", False), ("forced_bos_token_id", None), ("num_beam_groups", 1))
                if generation.get(key, default) not in (default, None)]
     if ignored:
@@ -295,7 +296,8 @@ def transformers_search(source: Path, config: dict[str, Any], target: Side,
                   setting(generation, "min_new_tokens", int, 0, where, low=0), 0)
     search = {"beam": setting(generation, "num_beams", int, 1, where, low=1),
               "lenpen": float(setting(generation, "length_penalty", float, 1.0, where)), "lenpen_form": "length",
-              "stopping": "early" if early is True else "heuristic", "max_len_a": 0.0, "max_len_b": max(limit, 1),
+              "stopping": "early" if early is True else "heuristic", "at_limit": "free" if forces_eos else "cut",
+              "max_len_a": 0.0, "max_len_b": max(limit, 1),
               "allow_unk": allow_unk, "min_len": min_len,
               "no_repeat_ngram_size": setting(generation, "no_repeat_ngram_size", int, 0, where, low=0),
               "repetition_penalty": float(setting(generation, "repetition_penalty", float, 1.0, where))}

@@ -18,9 +18,9 @@ from nmt_cli.options import check_applies
 from nmt_cli.run_config import ServeConfig
 
 # SearchConfig's fields that a request may set (the others are the server's: max_len, or not yet served).
-REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "lenpen_start", "stopping", "max_len_a", "max_len_b",
-                   "allow_unk", "min_len", "no_repeat_ngram_size", "repetition_penalty", "plain_first", "sampling",
-                   "sampling_topk", "sampling_topp", "temperature", "seed")
+REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "lenpen_start", "stopping", "at_limit", "max_len_a",
+                   "max_len_b", "allow_unk", "min_len", "no_repeat_ngram_size", "repetition_penalty", "plain_first",
+                   "sampling", "sampling_topk", "sampling_topp", "temperature", "seed")
 HINTS = typing.get_type_hints(SearchConfig)  # the annotations are strings (`from __future__ import annotations`)
 
 

@@ -93,9 +93,10 @@ class TextProcessor:
 
     def decode(self, tokens: list[str]) -> str:
         """Subword tokens -> text: BPE joined back, then Moses detokenization (or SentencePiece's own,
-        without the space a lone word-boundary piece leaves at either end, as MarianTokenizer does)."""
+        with a space for the word boundary of a piece it lacks (a release's shared vocabulary holds
+        the other side's pieces) and none at either end, as MarianTokenizer does)."""
         if self.pieces is not None:
-            return self.pieces.decode_pieces(tokens).strip()
+            return self.pieces.decode_pieces(tokens).replace("\u2581", " ").strip()
         words = self.join_subwords(tokens)
         return self.detokenizer.detokenize(words) if self.detokenizer is not None else " ".join(words)
 

@@ -86,8 +86,9 @@ def reference_beam_search(models, src, config, columns=None):
     and the sentence goes on while the best live hypothesis over the penalty of its present
     length beats the worst of them. With the onmt stopping, written as OpenNMT-py's beam search
     does it: a step's `beam` best candidates, those ending in EOS finished and the rest live, every
-    finished one kept, done once the step's best candidate is EOS, and at the length limit every
-    candidate finished as it is."""
+    finished one kept, done once the step's best candidate is EOS. At the length limit, EOS at
+    its own log-probability, at none (`at_limit` "free"), or every top candidate finished as it is
+    ("cut")."""
     def penalty(length):
         return length_penalty(length + config.lenpen_start, config.lenpen, config.lenpen_form)
 
@@ -111,18 +112,19 @@ def reference_beam_search(models, src, config, columns=None):
             for start in range(len(tokens) - n + 1 if n else 0):  # every earlier n-gram's last token is banned
                 if tokens[start:start + n - 1] == tokens[len(tokens) - n + 1:]:  # after the output's last n - 1
                     lprobs[tokens[start + n - 1]] = -math.inf
-            if step == limit:  # </s> at the length limit, at its own log-probability
+            if step == limit:  # </s> at the length limit, at its own log-probability or free
                 lprobs[:] = -math.inf
-                lprobs[EOS_ID] = eos
+                lprobs[EOS_ID] = 0.0 if config.at_limit == "free" else eos
             candidates += [(score + lp, tokens + [t]) for t, lp in enumerate(lprobs.tolist())]
         candidates = sorted(candidates, key=lambda c: -c[0])[: config.beam if onmt else 2 * config.beam]
         finished += [(lp / penalty(step + 1), lp, tokens[:-1])
                      for lp, tokens in candidates[: config.beam] if tokens[-1] == EOS_ID and lp > -math.inf]
+        if config.at_limit == "cut" and step == limit - 1:
+            finished += [(lp / penalty(step + 1), lp, tokens) for lp, tokens in candidates[: config.beam]
+                         if tokens[-1] != EOS_ID and lp > -math.inf]
+            break
         if onmt:
             live = [c for c in candidates if c[1][-1] != EOS_ID]
-            if step == limit - 1:
-                finished += [(lp / penalty(step + 1), lp, tokens) for lp, tokens in live if lp > -math.inf]
-                break
             if candidates[0][1][-1] == EOS_ID and len(finished) >= config.nbest:
                 break
             continue
@@ -139,7 +141,9 @@ def reference_beam_search(models, src, config, columns=None):
 
 @pytest.mark.parametrize("rules", [{}, {"lenpen_form": "length", "lenpen": 1.0, "stopping": "heuristic"},
                                    {"stopping": "heuristic", "lenpen": 2.0},
-                                   {"lenpen_form": "length", "lenpen": 1.0, "lenpen_start": True, "stopping": "onmt"},
+                                   {"lenpen_form": "length", "lenpen": 1.0, "lenpen_start": True, "stopping": "onmt",
+                                    "at_limit": "cut"},
+                                   {"at_limit": "free", "stopping": "heuristic"}, {"at_limit": "cut", "lenpen": 1.0},
                                    {"min_len": 3, "no_repeat_ngram_size": 2, "repetition_penalty": 1.5},
                                    {"no_repeat_ngram_size": 1, "repetition_penalty": 0.7, "stopping": "heuristic"}])
 @pytest.mark.parametrize("beam, vocab, seed", [(2, 9, 0), (4, 12, 1), (4, 12, 2), (5, 6, 3), (8, 6, 4), (4, 601, 5)])
@@ -160,7 +164,8 @@ def test_search_equals_the_search_written_out(beam, vocab, seed, rules):
 
 @pytest.mark.parametrize("beam, seed, members, rules", [
     (2, 0, 1, {}), (4, 1, 1, {"min_len": 2, "no_repeat_ngram_size": 2, "repetition_penalty": 1.5}),
-    (4, 2, 2, {"stopping": "heuristic", "lenpen": 1.5}), (5, 3, 1, {"nbest": 3}), (4, 4, 1, {"stopping": "onmt"})])
+    (4, 2, 2, {"stopping": "heuristic", "lenpen": 1.5}), (5, 3, 1, {"nbest": 3}),
+    (4, 4, 1, {"stopping": "onmt", "at_limit": "cut"}), (3, 5, 1, {"at_limit": "free"})])
 def test_a_shortlisted_search_is_the_search_written_out_over_its_columns(beam, seed, members, rules):
     """A shortlist's columns: each model's softmax over them alone (averaged in an ensemble), and
     no other token output; the controls as they are over the whole vocabulary."""
