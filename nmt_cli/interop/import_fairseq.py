@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import Release, Side, layer_weights, read_codes, text_file
+from nmt_cli.interop.release import Release, Side, layer_weights, read_codes, sentencepiece_file, text_file
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
 from nmt_cli.text.vocab import Vocabulary
@@ -61,15 +61,26 @@ def read_fairseq(path: Path, state: dict[str, Any], given: ImportConfig) -> Rele
     weights = fairseq_weights(state["model"], config, shared, tied, path)
     target = Side(tokens[1], pad=1, start=0, eos=2, unk=3)
     source = target if shared else Side(tokens[0], pad=1, start=0, eos=2, unk=3)
+    search = fairseq_search(generation, path)
+    origin = f"fairseq ({path.name})"
+    if given.sentencepiece is not None:
+        pieces = sentencepiece_file(given.sentencepiece)
+        return Release(config, weights, source, target, shared, fairseq_text(langs, given.tokenizer, pieces=True),
+                       pieces, pieces, search=search, origin=origin)
     text = fairseq_text(langs, given.tokenizer or "moses")
     codes = read_codes(given.bpe_codes) if given.bpe_codes is not None else None
-    return Release(config, weights, source, target, shared, text, bpe_codes=codes,
-                   search=fairseq_search(generation, path), origin=f"fairseq ({path.name})")
+    return Release(config, weights, source, target, shared, text, bpe_codes=codes, search=search, origin=origin)
 
 
-def fairseq_text(langs: tuple[str, str], tokenizer: str) -> TextConfig:
+def fairseq_text(langs: tuple[str, str], tokenizer: str | None, pieces: bool = False) -> TextConfig:
     """fairseq-interactive's text pipeline: its `--tokenizer moses` is sacremoses without punctuation
-    normalization, with dashes split and XML characters escaped; `--bpe subword_nmt` is ours."""
+    normalization, with dashes split and XML characters escaped; `--bpe subword_nmt` is ours; its
+    `--bpe sentencepiece` (`pieces`) takes the raw line, as fairseq's recipes give it."""
+    if pieces:
+        if tokenizer not in (None, "none"):
+            raise NmtError(f"--tokenizer {tokenizer} with --sentencepiece: fairseq's SentencePiece text is "
+                           "the raw line (--tokenizer none)")
+        return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="sentencepiece")
     moses = tokenizer == "moses"
     return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer,
                       normalize_punctuation=False, aggressive_dash_splits=moses, escape=moses, protect_tags=False)

@@ -70,9 +70,6 @@ def read_checkpoint_file(path: Path, options: ImportConfig) -> Release:
     state = load_pickled(path)
     if "vocab" in state and "generator" in state and "opt" in state:
         return read_onmt(path, state, options)
-    if options.sentencepiece is not None:
-        raise NmtError(f"--sentencepiece: {path} is a fairseq checkpoint, whose text nmt-cli reads with "
-                       "--bpe-codes or as words")
     return read_fairseq(path, state, options)
 
 

@@ -1,9 +1,9 @@
-"""`nmt import` of fairseq checkpoints: three small real ones made by fairseq 0.12.2 itself
+"""`nmt import` of fairseq checkpoints: four small real ones made by fairseq 0.12.2 itself
 (tests/fixtures/fairseq/make.sh: post-norm with separate dictionaries and an untied output;
 pre-norm with one dictionary, all embeddings shared and GELU; Moses and BPE text with learned
-positions), read without running pickled code, and fairseq's own translations of them
-(fairseq-interactive's of raw text for the Moses and BPE one), and its scores of their references,
-as the oracle."""
+positions; SentencePiece text), read without running pickled code, and fairseq's own translations
+of them (fairseq-interactive's of raw text for the BPE and SentencePiece ones), and its scores of
+their references, as the oracle."""
 
 import argparse
 import json
@@ -23,9 +23,11 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fairseq"
 WORDS = ImportConfig(source_lang="en", target_lang="de", tokenizer="none")  # the fixtures' text: whitespace tokens
 
 
-# How each fixture's text was made: whitespace tokens, or fairseq's Moses tokenization and BPE.
+# How each fixture's text was made: whitespace tokens, fairseq's Moses tokenization and BPE, or
+# SentencePiece.
 TEXT = {"post": ["--tokenizer", "none"], "pre": ["--tokenizer", "none"],
-        "bpe": ["--bpe-codes", FIXTURES / "bpe" / "bpe.codes"]}
+        "bpe": ["--bpe-codes", FIXTURES / "bpe" / "bpe.codes"],
+        "spm": ["--sentencepiece", FIXTURES / "spm" / "spm.model"]}
 
 
 @pytest.fixture(scope="module", params=list(TEXT))
@@ -89,6 +91,15 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
     (tmp_path / "dict.de.txt").unlink()
     with pytest.raises(NmtError, match="no dict.SRC.txt and dict.TGT.txt beside it"):
         import_model(tmp_path / "norm.pt", tmp_path / "out.pt", options=WORDS)
+    spm = ImportConfig(source_lang="en", target_lang="de", sentencepiece=FIXTURES / "spm" / "spm.model",
+                       tokenizer="moses")
+    with pytest.raises(NmtError, match="--tokenizer moses with --sentencepiece: fairseq's SentencePiece text is the "
+                                       "raw line"):
+        import_model(FIXTURES / "spm" / "checkpoint.pt", tmp_path / "out.pt", options=spm)
+    (tmp_path / "bad.model").write_bytes(b"not a model")
+    with pytest.raises(NmtError, match="bad.model"):
+        import_model(FIXTURES / "spm" / "checkpoint.pt", tmp_path / "out.pt",
+                     options=ImportConfig(source_lang="en", target_lang="de", sentencepiece=tmp_path / "bad.model"))
     assert not (tmp_path / "out.pt").exists()
     refused = cli("import", FIXTURES, "-o", tmp_path / "out.pt", "--data-dir", FIXTURES)
     assert refused.exit_code == 1
