@@ -1,6 +1,7 @@
 """OpenNMT-py 3.x checkpoints (`model_step_N.pt` of its `transformer` encoder and decoder) read into
-a `Release`, its weights, vocabularies and options all in the one file (release.load_pickled reads
-it without running pickled code).
+a `Release`, its weights, vocabularies and options in the one file (release.load_pickled reads
+it without running pickled code), or its weights beside it as safetensors (`-save_format
+safetensors`).
 
 OpenNMT-py's Transformer is ours pre-norm (a norm before each sublayer, and one after each stack)
 up to these layouts, which the import undoes exactly:
@@ -14,13 +15,15 @@ up to these layouts, which the import undoes exactly:
 What ours cannot hold (relative or rotary positions, RMS norms, parallel residuals, grouped
 keys and values, gated FFNs, copy attention, source features, a language model, a decoder that
 starts elsewhere than <s>) is refused in one line naming the option. The search settings are
-onmt_translate's defaults: beam 5, scores over the hypothesis' length ("avg"), at most 1.25 x
-the source + 5 tokens and 250, no minimum length.
+onmt_translate's defaults: beam 5 and its beam's rules, scores over the hypothesis' length
+counting <s> ("avg"), at most 1.25 x the source + 5 tokens and 250 (and there no </s>), no
+minimum length.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,15 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import Release, Side, read_codes, sentencepiece_file, sines_then_cosines, token_id
+from nmt_cli.interop.release import (
+    Release,
+    Side,
+    read_codes,
+    safetensors_file,
+    sentencepiece_file,
+    sines_then_cosines,
+    token_id,
+)
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
 
@@ -47,11 +58,13 @@ def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release
     if given.source_lang is None or given.target_lang is None:
         raise NmtError(f"{path}: an OpenNMT-py checkpoint names no languages: give -s SRC -t TGT")
     opt = vars(state["opt"]) if isinstance(state["opt"], argparse.Namespace) else {}
-    vocab, model, generator = state["vocab"], state.get("model"), state["generator"]
+    vocab, model, generator = state["vocab"], state.get("model"), state.get("generator")
     if not isinstance(vocab, dict):
         raise NmtError(f"{path}: its vocabularies are not a dictionary")
+    if model is None and generator is None:
+        model, generator = safetensors_weights(path)
     if not isinstance(model, dict) or not isinstance(generator, dict):
-        raise NmtError(f"{path}: no weights (a checkpoint saved with safetensors beside it is not read yet)")
+        raise NmtError(f"{path}: its weights are not dictionaries of tensors")
     if vocab.get("src_feats"):
         raise NmtError(f"{path}: a model of source features, which nmt-cli's model does not have")
     if vocab.get("decoder_start_token", "<s>") != "<s>":
@@ -65,6 +78,20 @@ def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release
     order = sines_then_cosines(config.d_model) if opt.get("position_encoding_type") == "SinusoidalConcat" else None
     return Release(config, weights, sides[0], sides[1], shared, text, pieces, pieces, codes, onmt_search(),
                    origin=f"OpenNMT-py ({path.name})", order=order)
+
+
+def safetensors_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The model's and the generator's weights of a checkpoint saved with `-save_format safetensors`:
+    NAME.safetensors beside NAME.pt (onmt_train's), or its shards NAME.*.safetensors."""
+    files = [path.with_suffix(".safetensors")] if path.with_suffix(".safetensors").is_file() else \
+        sorted(path.parent.glob(f"{glob.escape(path.stem)}.*.safetensors"))
+    if not files:
+        raise NmtError(f"{path}: no weights in it, and no {path.with_suffix('.safetensors').name} beside it (its "
+                       "-save_format safetensors)")
+    weights = {name: tensor for file in files for name, tensor in safetensors_file(file).items()}
+    generator = {name.removeprefix("generator."): weights.pop(name) for name in list(weights)
+                 if name.startswith("generator.")}
+    return weights, generator
 
 
 def onmt_vocabulary(vocab: dict[str, Any], side: str, path: Path) -> list[str]:

@@ -6,9 +6,6 @@ running code from a file, the positions checked, and the search that `generate()
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +22,7 @@ from nmt_cli.interop.release import (
     layer_weights,
     marian_text,
     read_json,
+    safetensors_file,
     sentencepiece_file,
     setting,
     sines_then_cosines,
@@ -151,10 +149,7 @@ def read_weights(source: Path) -> dict[str, Tensor]:
     memory of its own (importer.checkpoint_of lets each go once converted)."""
     path = source / "model.safetensors"
     if path.is_file():
-        try:
-            return read_safetensors(path)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
-            raise NmtError(f"{path}: unreadable or truncated ({str(e).splitlines()[0][:200]})") from None
+        return safetensors_file(path)
     path = source / "pytorch_model.bin"
     if not path.is_file():
         raise NmtError(f"{source}: no model.safetensors or pytorch_model.bin")
@@ -166,40 +161,6 @@ def read_weights(source: Path) -> dict[str, Tensor]:
     if not isinstance(weights, dict) or not all(isinstance(t, Tensor) for t in weights.values()):
         raise NmtError(f"{path}: not a dictionary of tensors")
     return weights
-
-
-HEADER_BYTES = 100 << 20  # a safetensors header lists tensors: its format caps it at 100 MB
-SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                      "BOOL": torch.bool}
-
-
-def read_safetensors(path: Path) -> dict[str, Tensor]:
-    """The tensors of a safetensors file (a little-endian header size, a JSON header of dtypes,
-    shapes and offsets, the data), each read into a tensor of its own: a memory-mapped file would
-    stay resident whole, the model twice over while it is converted."""
-    with open(path, "rb") as f:
-        data = os.fstat(f.fileno()).st_size - 8  # the header, then the tensors' bytes
-        size = int.from_bytes(f.read(8), "little")
-        if not 0 < size <= min(data, HEADER_BYTES):
-            raise ValueError(f"a header of {size:,} bytes in a file of {data + 8:,}")
-        header = json.loads(f.read(size))
-        tensors = {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], [int(n) for n in entry["shape"]]
-            begin, end = (int(n) for n in entry["data_offsets"])
-            needed = math.prod(shape) * dtype.itemsize  # checked before anything is allocated
-            if min(shape, default=0) < 0 or end - begin != needed or not 0 <= begin <= end <= data - size:
-                raise ValueError(f"tensor {name}: bytes {begin} to {end} listed, {needed:,} needed, "
-                                 f"{data - size:,} in the file")
-            tensor = torch.empty(shape, dtype=dtype)
-            f.seek(8 + size + begin)
-            if f.readinto(memoryview(tensor.view(-1).view(torch.uint8).numpy())) != needed:
-                raise ValueError(f"tensor {name}: fewer than its {needed:,} bytes read")
-            tensors[name] = tensor
-    return tensors
 
 
 def transformers_weights(state: dict[str, Tensor], config: ModelConfig, shared: bool, src_size: int, tgt_size: int,

@@ -66,9 +66,9 @@ def import_model(source: Path, out: Path, warn: Callable[[str], None] = print,
 
 def read_checkpoint_file(path: Path, options: ImportConfig) -> Release:
     """A fairseq or OpenNMT-py checkpoint, told apart by what it holds (OpenNMT-py's: its vocabularies
-    and generator)."""
+    and options)."""
     state = load_pickled(path)
-    if "vocab" in state and "generator" in state and "opt" in state:
+    if "vocab" in state and "opt" in state:
         return read_onmt(path, state, options)
     return read_fairseq(path, state, options)
 

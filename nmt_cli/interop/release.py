@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -187,3 +188,45 @@ def load_pickled(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise NmtError(f"{path}: not a checkpoint (no dictionary of weights and options)")
     return state
+
+
+HEADER_BYTES = 100 << 20  # a safetensors header lists tensors: its format caps it at 100 MB
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file (a little-endian header size, a JSON header of dtypes,
+    shapes and offsets, the data), each read into a tensor of its own: a memory-mapped file would
+    stay resident whole, the model twice over while it is converted."""
+    with open(path, "rb") as f:
+        data = os.fstat(f.fileno()).st_size - 8  # the header, then the tensors' bytes
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size <= min(data, HEADER_BYTES):
+            raise ValueError(f"a header of {size:,} bytes in a file of {data + 8:,}")
+        header = json.loads(f.read(size))
+        tensors = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], [int(n) for n in entry["shape"]]
+            begin, end = (int(n) for n in entry["data_offsets"])
+            needed = math.prod(shape) * dtype.itemsize  # checked before anything is allocated
+            if min(shape, default=0) < 0 or end - begin != needed or not 0 <= begin <= end <= data - size:
+                raise ValueError(f"tensor {name}: bytes {begin} to {end} listed, {needed:,} needed, "
+                                 f"{data - size:,} in the file")
+            tensor = torch.empty(shape, dtype=dtype)
+            f.seek(8 + size + begin)
+            if f.readinto(memoryview(tensor.view(-1).view(torch.uint8).numpy())) != needed:
+                raise ValueError(f"tensor {name}: fewer than its {needed:,} bytes read")
+            tensors[name] = tensor
+    return tensors
+
+
+def safetensors_file(path: Path) -> dict[str, Tensor]:
+    """`read_safetensors`, or a one-line error naming the file."""
+    try:
+        return read_safetensors(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
+        raise NmtError(f"{path}: unreadable or truncated ({str(e).splitlines()[0][:200]})") from None
