@@ -1,6 +1,7 @@
 """data/distill.sh, run whole at tiny sizes: a teacher's translations of the training source,
 checked, a student trained on them, shortlisted, quantized and scored; pairs out of order or cut
-short are refused."""
+short are refused. The teacher is a model imported from another toolkit (OpenNMT-py's, with its
+SentencePiece text: tests/fixtures/onmt/make.sh), with the data `preprocess --from-model` makes."""
 
 import json
 import os
@@ -10,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import LEARNER, LEARNER_RECIPE, run_training
-from conftest import cli, synthetic_pairs, write_lines
+from conftest import cli, multi30k_lines, write_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,18 +20,20 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_recipe_distills_a_student_and_refuses_pairs_out_of_order(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
-    for split, n, seed in (("train", 80, 0), ("val", 10, 1), ("test_2016_flickr", 10, 2)):
-        pairs = synthetic_pairs(n, seed)
-        write_lines(raw / f"{split}.src", [s for s, _ in pairs])
-        write_lines(raw / f"{split}.tgt", [t for _, t in pairs])
-    made = cli("preprocess", "-s", "src", "-t", "tgt", "--trainpref", raw / "train", "--validpref", raw / "val",
-               "--destdir", tmp_path / "data", "--tokenizer", "none", "--bpe-merges", 0, "--quiet", "--workers", 1)
+    for split, n, part in (("train", 80, "train"), ("val", 10, "val"), ("test_2016_flickr", 10, "val")):
+        for lang in ("en", "de"):
+            write_lines(raw / f"{split}.{lang}", multi30k_lines(n, lang, part))
+    onmt = ROOT / "tests/fixtures/onmt/spm"
+    made = cli("import", onmt / "model_step_400.pt", "-o", tmp_path / "teacher.pt", "-s", "en", "-t", "de",
+               "--sentencepiece", onmt / "spm.model")
     assert made.exit_code == 0, made.output
-    run_training(tmp_path / "data", tmp_path / "teacher", LEARNER, max_updates=100, **LEARNER_RECIPE).run()
+    made = cli("preprocess", "-s", "en", "-t", "de", "--trainpref", raw / "train", "--validpref", raw / "val",
+               "--destdir", tmp_path / "data", "--from-model", tmp_path / "teacher.pt", "--quiet", "--workers", 1)
+    assert made.exit_code == 0, made.output
     work = tmp_path / "work"
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                   "TEACHER": "teacher/checkpoint_last.pt", "TEACHER_DATA": "data", "RAW": "raw", "WORK": "work",
-                   "SAMPLE": "50", "SRC": "src", "TGT": "tgt", "THREADS": "1", "MINUTES": "5",
+                   "TEACHER": "teacher.pt", "TEACHER_DATA": "data", "RAW": "raw", "WORK": "work",
+                   "SAMPLE": "50", "THREADS": "1", "MINUTES": "5",
                    "SHORTLIST_ARGS": "--first 3 --best 2",
                    "TRAIN_ARGS": "--max-updates 5 --save-interval-updates 1 --max-tokens 200 --d-model 32 --d-ff 64 "
                                  "--heads 2"}
@@ -49,7 +51,7 @@ def test_the_recipe_distills_a_student_and_refuses_pairs_out_of_order(tmp_path):
     assert re.search(r"by the teacher, [\d.]+ s by the student: the student [\d.]+ times as fast", speed), speed
     about = json.loads(cli("info", "-m", work / "student.pt", "--json").stdout)
     assert about["layers"] == "3 encoder, 1 decoder"
-    distilled = work / "distilled/train-sample50.tgt"
+    distilled = work / "distilled/train-sample50.de"
     lines = distilled.read_text().splitlines()
     write_lines(distilled, lines[1:] + lines[:1])  # shifted by one
     done = distill()
