@@ -181,7 +181,12 @@ def load_pickled(path: Path) -> dict[str, Any]:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on other files in many ways)
         if found := re.search(r"Unsupported global: GLOBAL (\S+)", str(e)):
-            raise NmtError(f"{path}: refused: it holds {found.group(1)}, which no fairseq or OpenNMT-py checkpoint's "
+            name = found.group(1)
+            if name.startswith("omegaconf."):
+                raise NmtError(f"{path}: its options are pickled omegaconf objects ({name}), as some fairseq "
+                               "versions before 0.12 saved them, which nmt-cli does not read yet (nothing in it was "
+                               "run)") from None
+            raise NmtError(f"{path}: refused: it holds {name}, which no fairseq or OpenNMT-py checkpoint's "
                            "weights or options are (nothing in it was run)") from None
         detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise NmtError(f"{path}: unreadable ({detail[:200]})") from None

@@ -9,6 +9,9 @@ import argparse
 import json
 import math
 import shutil
+import sys
+import types
+import unittest.mock
 from pathlib import Path
 
 import pytest
@@ -78,6 +81,14 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
     with pytest.raises(NmtError, match="code.pt: refused: it holds print, which no fairseq or OpenNMT-py checkpoint's "
                                        "weights or options are \\(nothing in it was run\\)$"):
         import_model(tmp_path / "code.pt", tmp_path / "out.pt", options=WORDS)
+    module = types.ModuleType("omegaconf.dictconfig")  # a stand-in: omegaconf itself need not be installed
+    module.DictConfig = type("DictConfig", (dict,), {"__module__": "omegaconf.dictconfig"})
+    with unittest.mock.patch.dict(sys.modules, {"omegaconf": types.ModuleType("omegaconf"),
+                                                "omegaconf.dictconfig": module}):
+        torch.save({"model": {}, "cfg": module.DictConfig()}, tmp_path / "omegaconf.pt")
+    with pytest.raises(NmtError, match="omegaconf.pt: its options are pickled omegaconf objects \\(omegaconf."
+                                       "dictconfig.DictConfig\\), as some fairseq versions before 0.12 saved"):
+        import_model(tmp_path / "omegaconf.pt", tmp_path / "out.pt", options=WORDS)
     options_changed(tmp_path / "norm.pt", layernorm_embedding=True)
     shutil.copy(FIXTURES / "post" / "dict.en.txt", tmp_path)
     shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
