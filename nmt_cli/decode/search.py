@@ -104,9 +104,9 @@ SHORT = 1e9  # ranks a hypothesis short of its constraints after those that hold
 class Finished:
     """The hypotheses each sentence of a search has finished, kept on the search's device so that
     a step reads nothing back to the host. A sentence has 2 * beam slots: it stops collecting
-    once it holds `beam` (with the heuristic or onmt stopping, it keeps its `beam` best after each step),
-    and one step adds at most `beam`. One more slot takes the writes of the candidates that did
-    not finish. Scores are float64, as the host's floats were, so that the
+    once it holds `beam` (with the heuristic or onmt stopping, it keeps its `beam` best after
+    each step), and one step adds at most `beam`. One more slot takes the writes of the
+    candidates that did not finish. Scores are float64, as the host's floats were, so that the
     stopping test and the final order are those of a search kept on the host. A hypothesis that
     ended short of its constraints (at the length limit) ranks after every one that holds them."""
 

@@ -5,10 +5,11 @@
 # Each toolkit trains its base Transformer (6+6 layers, d_model 512, FFN 2048, 8 heads, all
 # embeddings shared) for 20 updates on 2,000 pairs of Multi30k en-de (whitespace tokens), so the
 # checkpoints are real and base-size. Then, per format: `nmt import`'s wall time and peak RSS
-# (/usr/bin/time), and the first 200 val lines translated greedily (beam 1, which both give the
-# same lines: tests/interop) by the toolkit's own command and by `nmt translate`, each with 2
-# threads, wall time of the whole command (loading included) and the lines that agree
-# (onmt_translate a sentence at a time, as its length limit is otherwise a batch's longest source's).
+# (/usr/bin/time), and the first 200 val lines translated greedily and with the toolkit's default
+# beam (5) by the toolkit's own command and by `nmt translate` (the imported model's search is the
+# toolkit's: tests/interop), each with 2 threads, wall time of the whole command (loading
+# included) and the lines that agree (onmt_translate a sentence at a time, as its length limit is
+# otherwise a batch's longest source's).
 set -euo pipefail
 P=${P:?set P to the folder of venv-fairseq and venv-onmt}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -63,16 +64,24 @@ measure() {  # NAME COMMAND...: wall seconds and peak RSS in MB of COMMAND
 measure "fairseq: nmt import" nmt import "$WORK/fs-ckpt/checkpoint_last.pt" -o "$WORK/fs.pt" -s en -t de \
   --tokenizer none
 measure "OpenNMT-py: nmt import" nmt import "$WORK/onmt_step_20.pt" -o "$WORK/onmt.pt" -s en -t de
-measure "fairseq-interactive, beam 1" sh -c "$F/fairseq-interactive $WORK/fs --path $WORK/fs-ckpt/checkpoint_last.pt \
-  -s en -t de --beam 1 --cpu --buffer-size 200 --batch-size 200 < $WORK/valid.en | grep '^H-' | cut -f3 \
-  > $WORK/fs.out"
-measure "nmt translate of the fairseq import, beam 1" sh -c "nmt translate -m $WORK/fs.pt --beam 1 --threads 2 \
-  < $WORK/valid.en > $WORK/fs.nmt"
-measure "onmt_translate, beam 1, a sentence at a time" $O/onmt_translate -model "$WORK/onmt_step_20.pt" \
-  -src "$WORK/valid.en" -output "$WORK/onmt.out" -beam_size 1 -batch_size 1 -gpu -1
-measure "onmt_translate, beam 1, batches of 64 (its length limit then a batch's)" $O/onmt_translate \
-  -model "$WORK/onmt_step_20.pt" -src "$WORK/valid.en" -output "$WORK/onmt64.out" -beam_size 1 -batch_size 64 -gpu -1
-measure "nmt translate of the OpenNMT-py import, beam 1" sh -c "nmt translate -m $WORK/onmt.pt --beam 1 \
-  --threads 2 < $WORK/valid.en > $WORK/onmt.nmt"
-echo "fairseq lines equal: $(paste -d '\n' "$WORK/fs.out" "$WORK/fs.nmt" | paste - - | awk -F'\t' '$1==$2' | wc -l) of 200"
-echo "OpenNMT-py lines equal: $(paste -d '\n' "$WORK/onmt.out" "$WORK/onmt.nmt" | paste - - | awk -F'\t' '$1==$2' | wc -l) of 200"
+for beam in 1 5; do
+  measure "fairseq-interactive, beam $beam" sh -c "$F/fairseq-interactive $WORK/fs --path \
+    $WORK/fs-ckpt/checkpoint_last.pt -s en -t de --beam $beam --cpu --buffer-size 200 --batch-size 200 \
+    < $WORK/valid.en | grep '^H-' | sed 's/^H-//' | sort -n | cut -f3 > $WORK/fs$beam.out"
+  measure "nmt translate of the fairseq import, beam $beam" sh -c "nmt translate -m $WORK/fs.pt --beam $beam \
+    --threads 2 < $WORK/valid.en > $WORK/fs$beam.nmt"
+  measure "onmt_translate, beam $beam, a sentence at a time" $O/onmt_translate -model "$WORK/onmt_step_20.pt" \
+    -src "$WORK/valid.en" -output "$WORK/onmt$beam.out" -beam_size "$beam" -batch_size 1 -gpu -1
+  measure "onmt_translate, beam $beam, batches of 64 (its length limit then a batch's)" $O/onmt_translate \
+    -model "$WORK/onmt_step_20.pt" -src "$WORK/valid.en" -output "$WORK/onmt64.out" -beam_size "$beam" \
+    -batch_size 64 -gpu -1
+  measure "nmt translate of the OpenNMT-py import, beam $beam" sh -c "nmt translate -m $WORK/onmt.pt \
+    --beam $beam --threads 2 < $WORK/valid.en > $WORK/onmt$beam.nmt"
+done
+equal() {  # A B: the lines of A and B that are equal, of 200
+  paste -d '\n' "$1" "$2" | paste - - | awk -F'\t' '$1==$2' | wc -l
+}
+for beam in 1 5; do
+  echo "beam $beam: fairseq lines equal: $(equal "$WORK/fs$beam.out" "$WORK/fs$beam.nmt") of 200," \
+    "OpenNMT-py lines equal: $(equal "$WORK/onmt$beam.out" "$WORK/onmt$beam.nmt") of 200"
+done
