@@ -8,10 +8,12 @@ Marian's layout of the sinusoid."""
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,22 +174,51 @@ def layer_weights(take: Callable[[str], Tensor], side: str, i: int) -> dict[str,
     return weights
 
 
+class OmegaconfObject:
+    """A stand-in for one of omegaconf's containers or nodes (a fairseq checkpoint's options may be
+    pickled so): its pickled state kept as it is, no omegaconf imported, nothing run."""
+
+    def __init__(self, *args: Any) -> None:
+        self.state: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+# omegaconf's classes that a pickled configuration of plain values holds, by where they live.
+OMEGACONF = {"omegaconf.dictconfig": ["DictConfig"], "omegaconf.listconfig": ["ListConfig"],
+             "omegaconf.base": ["ContainerMetadata", "Metadata"],
+             "omegaconf.nodes": ["AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode"]}
+OMEGACONF_STAND_INS = [type(name, (OmegaconfObject,), {"__module__": module, "__qualname__": name})
+                       for module, names in OMEGACONF.items() for name in names]
+
+
+def plain(value: Any) -> Any:
+    """`value` with omegaconf's containers (stand-ins) made dictionaries and lists of their values."""
+    if isinstance(value, OmegaconfObject):
+        state = value.state if isinstance(value.state, dict) else {}
+        content = state.get("_content", state.get("_val"))
+        return plain(content)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
 def load_pickled(path: Path) -> dict[str, Any]:
     """A checkpoint file's dictionary (fairseq's, OpenNMT-py's), read with torch's weights-only
-    unpickler and argparse.Namespace allowed besides: a class of anything else is refused, naming
-    it, and no code runs."""
+    unpickler and argparse.Namespace and omegaconf's containers of plain values allowed besides (as
+    stand-ins, made plain: `plain`): a class of anything else is refused, naming it, and no code
+    runs."""
+    allowed = [argparse.Namespace, dict, list, int, typing.Any, collections.defaultdict, *OMEGACONF_STAND_INS]
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(allowed):
+            state = plain(torch.load(path, map_location="cpu", weights_only=True))
     except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on other files in many ways)
         if found := re.search(r"Unsupported global: GLOBAL (\S+)", str(e)):
-            name = found.group(1)
-            if name.startswith("omegaconf."):
-                raise NmtError(f"{path}: its options are pickled omegaconf objects ({name}), as some fairseq "
-                               "versions before 0.12 saved them, which nmt-cli does not read yet (nothing in it was "
-                               "run)") from None
-            raise NmtError(f"{path}: refused: it holds {name}, which no fairseq or OpenNMT-py checkpoint's "
-                           "weights or options are (nothing in it was run)") from None
+            raise NmtError(f"{path}: refused: it holds {found.group(1)}, which no fairseq or OpenNMT-py "
+                           "checkpoint's weights or options are (nothing in it was run)") from None
         detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise NmtError(f"{path}: unreadable ({detail[:200]})") from None
     if not isinstance(state, dict):

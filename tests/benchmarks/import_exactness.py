@@ -7,8 +7,8 @@ tests/benchmarks/import_exactness.py --work DIR [--lines 1000] [--beam-lines 300
    MarianTokenizer on the first `--lines` lines of Multi30k's train.en, the largest logit
    difference on 16 teacher-forced pairs, greedy translations against generate(num_beams=1) on
    `--lines` lines of val.en (22 tokens and the forced </s>).
-2. Beam search needs a model that ends its sentences: a tiny SentencePiece model trained for 400
-   updates to copy letters (tests/conftest.py's `exported` recipe), exported to transformers with
+2. Beam search needs a model that ends its sentences: a tiny SentencePiece model trained for
+   `--updates` (400) updates to copy letters (tests/conftest.py's `exported` recipe), exported to transformers with
    the generation settings of a release (beam 4, length penalty 1.0, early_stopping False) and
    imported; our search with the imported defaults against generate() on `--beam-lines` lines.
 One JSON line with the counts and the largest difference.
@@ -82,7 +82,7 @@ def layout(work: Path, changes: dict, lines: int) -> dict:
             "greedy_equal": sum(a == b for a, b in zip(greedy, generated)), "greedy_lines": len(val)}
 
 
-def trained_release(work: Path) -> tuple[Path, Path]:
+def trained_release(work: Path, updates: int) -> tuple[Path, Path]:
     raw = work / "raw"
     raw.mkdir(parents=True)
     for split, n, seed in (("train", 400, 0), ("valid", 40, 1000)):
@@ -94,7 +94,7 @@ def trained_release(work: Path) -> tuple[Path, Path]:
          "--quiet", "--workers", "1"], standalone_mode=False)
     model = PRESETS["small"].replace(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
                                      max_positions=64)
-    config = TrainConfig(max_tokens=400, lr_schedule="inverse-sqrt", lr=3e-3, warmup=30, max_updates=400,
+    config = TrainConfig(max_tokens=400, lr_schedule="inverse-sqrt", lr=3e-3, warmup=30, max_updates=updates,
                          device="cpu", threads=1, save_interval_minutes=1000.0)
     TrainingRun(work / "data", work / "ck", model, config, progress_bar=False).run()
     nmt(["export", "-m", str(work / "ck/checkpoint_last.pt"), "--format", "transformers", "-o", str(work / "hf")],
@@ -106,8 +106,8 @@ def trained_release(work: Path) -> tuple[Path, Path]:
     return work / "hf", work / "imported.pt"
 
 
-def beam(work: Path, lines: int) -> dict:
-    directory, imported = trained_release(work)
+def beam(work: Path, lines: int, updates: int) -> dict:
+    directory, imported = trained_release(work, updates)
     sources = [s for s, _ in synthetic_pairs(lines, 77, min_len=6, max_len=14)]
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     model = AutoModelForSeq2SeqLM.from_pretrained(str(directory)).eval()
@@ -127,12 +127,13 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--beam-lines", type=int, default=300)
+    parser.add_argument("--updates", type=int, default=400, help="the beam search's model's training")
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     result: dict = {"benchmark": "import_exactness", "torch": torch.__version__}
     for name, changes in LAYOUTS.items():
         result[name] = layout(args.work / name, changes, args.lines)
-    result.update(beam(args.work / "beam", args.beam_lines))
+    result.update(beam(args.work / "beam", args.beam_lines, args.updates))
     print(json.dumps(result))
 
 

@@ -63,6 +63,16 @@ def test_scores_of_references_are_fairseqs(imported):
     assert scores == pytest.approx(theirs, abs=1e-4)
 
 
+def test_options_pickled_as_omegaconf_containers_are_read(tmp_path):
+    """Options pickled as omegaconf containers (fairseq's Hydra configuration): read as stand-ins (no
+    omegaconf needed, nothing run); the checkpoint is post's (make.sh)."""
+    options = ImportConfig(source_lang="en", target_lang="de", tokenizer="none", data_dir=FIXTURES / "post")
+    import_model(FIXTURES / "omegaconf" / "checkpoint.pt", tmp_path / "m.pt", options=options)
+    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))
+    ours = cli("translate", "-m", tmp_path / "m.pt", "--beam", 1, "--device", "cpu", input=lines)
+    assert ours.stdout == (FIXTURES / "post" / "valid.beam1.de").read_text()
+
+
 def options_changed(path: Path, **changes) -> None:
     """The fixture checkpoint with `changes` to its model options, saved to `path`."""
     with torch.serialization.safe_globals([argparse.Namespace]):
@@ -81,14 +91,13 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
     with pytest.raises(NmtError, match="code.pt: refused: it holds print, which no fairseq or OpenNMT-py checkpoint's "
                                        "weights or options are \\(nothing in it was run\\)$"):
         import_model(tmp_path / "code.pt", tmp_path / "out.pt", options=WORDS)
-    module = types.ModuleType("omegaconf.dictconfig")  # a stand-in: omegaconf itself need not be installed
-    module.DictConfig = type("DictConfig", (dict,), {"__module__": "omegaconf.dictconfig"})
+    module = types.ModuleType("omegaconf.nodes")  # omegaconf itself need not be installed
+    module.EnumNode = type("EnumNode", (dict,), {"__module__": "omegaconf.nodes"})  # not a plain value's
     with unittest.mock.patch.dict(sys.modules, {"omegaconf": types.ModuleType("omegaconf"),
-                                                "omegaconf.dictconfig": module}):
-        torch.save({"model": {}, "cfg": module.DictConfig()}, tmp_path / "omegaconf.pt")
-    with pytest.raises(NmtError, match="omegaconf.pt: its options are pickled omegaconf objects \\(omegaconf."
-                                       "dictconfig.DictConfig\\), as some fairseq versions before 0.12 saved"):
-        import_model(tmp_path / "omegaconf.pt", tmp_path / "out.pt", options=WORDS)
+                                                "omegaconf.nodes": module}):
+        torch.save({"model": {}, "cfg": module.EnumNode()}, tmp_path / "enum.pt")
+    with pytest.raises(NmtError, match="enum.pt: refused: it holds omegaconf.nodes.EnumNode"):
+        import_model(tmp_path / "enum.pt", tmp_path / "out.pt", options=WORDS)
     options_changed(tmp_path / "norm.pt", layernorm_embedding=True)
     shutil.copy(FIXTURES / "post" / "dict.en.txt", tmp_path)
     shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)

@@ -129,7 +129,7 @@ def test_logits_are_marian_mt_models(any_release):
 @pytest.mark.slow
 def test_greedy_translations_are_generates_on_every_line(any_release):
     tmp, model, tokenizer, translator = any_release
-    lines = release_lines(tokenizer, 300, split="val")
+    lines = release_lines(tokenizer, 100, split="val")
     length = 24  # generate's max_length: the start, 22 tokens and the forced </s>
     theirs = []
     for start in range(0, len(lines), 100):
