@@ -28,7 +28,15 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import Release, Side, layer_weights, read_codes, sentencepiece_file, text_file
+from nmt_cli.interop.release import (
+    Release,
+    Side,
+    check_rows,
+    layer_weights,
+    read_codes,
+    sentencepiece_file,
+    text_file,
+)
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
 from nmt_cli.text.vocab import Vocabulary
@@ -59,6 +67,8 @@ def read_fairseq(path: Path, state: dict[str, Any], given: ImportConfig) -> Rele
     tokens = [fairseq_dictionary(folder / f"dict.{lang}.txt") for lang in langs]
     config, shared, tied = fairseq_config(options, path)
     weights = fairseq_weights(state["model"], config, shared, tied, path)
+    check_rows(weights, shared, (tokens[0], tokens[1]), tuple(f"{folder / f'dict.{lang}.txt'} (with fairseq's 4 "
+                                                              "specials)" for lang in langs))
     target = Side(tokens[1], pad=1, start=0, eos=2, unk=3)
     source = target if shared else Side(tokens[0], pad=1, start=0, eos=2, unk=3)
     search = fairseq_search(generation, path)
@@ -126,6 +136,10 @@ def fairseq_dictionary(path: Path) -> list[str]:
 def fairseq_config(options: dict[str, Any], path: Path) -> tuple[ModelConfig, bool, bool]:
     """Our ModelConfig of fairseq's options, whether all embeddings are one, whether the output
     projection is the decoder's embedding; a one-line refusal naming what ours cannot hold."""
+    arch = str(options.get("arch") or options.get("_name") or "transformer")
+    if not arch.startswith("transformer") or arch.startswith(("transformer_lm", "transformer_align")):
+        raise NmtError(f"{path}: --arch {arch}: nmt-cli imports fairseq's encoder-decoder transformer family "
+                       "(transformer, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big, ...)")
     for name, what in UNSUPPORTED.items():
         if options.get(name):
             raise NmtError(f"{path}: --{name.replace('_', '-')} {options[name]!r}: {what}, which nmt-cli's model "

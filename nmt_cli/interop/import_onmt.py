@@ -35,6 +35,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.interop.release import (
     Release,
     Side,
+    check_rows,
     read_codes,
     safetensors_file,
     sentencepiece_file,
@@ -74,6 +75,7 @@ def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release
     sides = [Side(side, *(token_id(side, SPECIALS[role], path) for role in ("pad", "start", "eos", "unk")))
              for side in tokens]
     weights = onmt_weights(model, generator, config, shared, opt, path)
+    check_rows(weights, shared, (tokens[0], tokens[1]), (f"{path}: its src vocabulary", f"{path}: its tgt vocabulary"))
     text, codes, pieces = onmt_text(opt, given, (given.source_lang, given.target_lang))
     order = sines_then_cosines(config.d_model) if opt.get("position_encoding_type") == "SinusoidalConcat" else None
     return Release(config, weights, sides[0], sides[1], shared, text, pieces, pieces, codes, onmt_search(),

@@ -30,6 +30,18 @@ from nmt_cli.text.pieces import load_sentencepiece
 from nmt_cli.text.processor import check_codes
 
 
+def check_rows(weights: dict[str, Tensor], shared: bool, sides: tuple[list[str], list[str]],
+               where: tuple[str, str]) -> None:
+    """Each side's vocabulary as long as its embedding (a vocabulary of another model would put
+    tokens on rows not theirs): one line naming `where` that side's vocabulary comes from."""
+    names = ("tgt_embed" if shared else "src_embed", "tgt_embed")
+    for name, tokens, place in zip(names, sides, where):
+        rows = weights[f"{name}.tokens.weight"].size(0)
+        if rows != len(tokens):
+            raise NmtError(f"{place}: {len(tokens):,} tokens, where the checkpoint's embedding has {rows:,} rows: "
+                           "not this checkpoint's vocabulary")
+
+
 def sines_then_cosines(d_model: int) -> torch.Tensor:
     """Marian's dimension i is our dimension order[i]: our sin/cos pairs, sines first."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])

@@ -103,6 +103,9 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
     shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
     with pytest.raises(NmtError, match="norm.pt: --layernorm-embedding True: a layer norm on the embeddings"):
         import_model(tmp_path / "norm.pt", tmp_path / "out.pt", options=WORDS)
+    options_changed(tmp_path / "lstm.pt", arch="lstm")
+    with pytest.raises(NmtError, match="lstm.pt: --arch lstm: nmt-cli imports fairseq's encoder-decoder transformer"):
+        import_model(tmp_path / "lstm.pt", tmp_path / "out.pt", options=WORDS)
     options_changed(tmp_path / "ffn.pt", decoder_ffn_embed_dim=64)
     with pytest.raises(NmtError, match="--encoder-ffn-embed-dim 32 and --decoder-ffn-embed-dim 64: nmt-cli's encoder"):
         import_model(tmp_path / "ffn.pt", tmp_path / "out.pt", options=WORDS)
@@ -135,5 +138,10 @@ def test_codes_and_dictionaries_that_are_not_what_they_claim_are_one_line(tmp_pa
     shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
     (tmp_path / "dict.en.txt").write_bytes(b"\xff 3\n")
     with pytest.raises(NmtError, match="dict.en.txt: a fairseq dictionary not UTF-8 \\(byte 0\\)$"):
+        import_model(tmp_path / "checkpoint.pt", tmp_path / "out.pt", options=WORDS)
+    lines = (FIXTURES / "post" / "dict.en.txt").read_text().splitlines()
+    (tmp_path / "dict.en.txt").write_text("".join(line + "\n" for line in lines[:50]))  # another model's
+    with pytest.raises(NmtError, match="dict.en.txt \\(with fairseq's 4 specials\\): 54 tokens, where the "
+                                       "checkpoint's embedding has 1,048 rows: not this checkpoint's vocabulary$"):
         import_model(tmp_path / "checkpoint.pt", tmp_path / "out.pt", options=WORDS)
     assert not (tmp_path / "out.pt").exists()

@@ -96,6 +96,8 @@ def changed(path: Path, vocab: dict | None = None, **options) -> Path:
     ({"pos_ffn_activation_fn": "silu"}, "-pos_ffn_activation_fn 'silu' \\(nmt-cli has relu, gelu\\)"),
     ({"model_task": "lm"}, "-model_task 'lm': nmt-cli's model holds only 'seq2seq' there"),
     ({"vocab": {"decoder_start_token": "</s>"}}, "its decoder starts from '</s>': nmt-cli's starts from <s>"),
+    ({"vocab": {"src": ["<unk>", "<blank>", "<s>", "</s>", "a"]}},
+     "its src vocabulary: 5 tokens, where the checkpoint's embedding has 2,176 rows: not this checkpoint's"),
 ])
 def test_what_cannot_be_held_is_refused_in_one_line(tmp_path, options, message):
     with pytest.raises(NmtError, match=f"^{tmp_path / 'changed.pt'}: {message}"):
