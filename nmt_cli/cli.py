@@ -286,16 +286,17 @@ def import_model(source: Path, output: Path, **options: Any) -> None:
               help="Checkpoint to export.")
 @config_options(ExportConfig)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-              help="Directory (ctranslate2, transformers) or .safetensors file.")
+              help="Directory (ctranslate2, transformers, onnx) or .safetensors file.")
 @config_options(CardConfig)
 @click.option("--eval", "evaluations", nargs=2, multiple=True, metavar="SRC REF",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="transformers: translate SRC and score it against REF (sacreBLEU's BLEU and chrF) for the model "
                    "card (repeatable).")
 def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...], **options: Any) -> None:
-    """Export to CTranslate2, transformers or safetensors.
+    """Export to CTranslate2, ONNX or transformers.
 
-    With its text pipeline: BPE codes or SentencePiece model, and how to use them."""
+    With its text pipeline: BPE codes or SentencePiece model, and how to use them (or one safetensors
+    file)."""
     from nmt_cli.files import destination
     from nmt_cli.model.checkpoint import load, load_bundle, save_safetensors
 
@@ -309,6 +310,10 @@ def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...]
         if output.suffix != ".safetensors":
             raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
         save_safetensors(load(model), output)
+    elif config.format == "onnx":
+        from nmt_cli.interop.export_onnx import save_onnx
+
+        save_onnx(load_bundle(model), output)
     elif config.format == "transformers":
         from nmt_cli.interop.card import evaluate
         from nmt_cli.interop.export_transformers import save_transformers

@@ -138,7 +138,7 @@ class ServeConfig(Options):
     threads: int | None = threads_knob()
 
 
-EXPORT_FORMATS = ("ctranslate2", "transformers", "safetensors")
+EXPORT_FORMATS = ("ctranslate2", "transformers", "onnx", "safetensors")
 CT2_QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")
 _CTRANSLATE2 = (lambda c: c.format == "ctranslate2", "to --format ctranslate2")
 
@@ -150,7 +150,8 @@ class ExportConfig(Options):
 
     format: str = knob(MISSING, "ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a "
                        "Hugging Face MarianMTModel directory with its tokenizer and a model card (needs transformers; "
-                       "SentencePiece models); safetensors: one file.", choices=EXPORT_FORMATS)
+                       "SentencePiece models); onnx: ONNX graphs of the encoder and the decoder's cached step, for "
+                       "onnxruntime (needs onnx and onnxscript); safetensors: one file.", choices=EXPORT_FORMATS)
     quantization: str = knob("float32", "ctranslate2: store the weights in this type (--quantize int8 as "
                              "`nmt translate` and `nmt serve` spell it).", choices=CT2_QUANTIZATIONS,
                              only_if=_CTRANSLATE2, flags=["--quantize", "--quantization"])

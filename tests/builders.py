@@ -1,6 +1,7 @@
 """What several test modules build: tiny random Transformers (for the model's tests and for the
 search's), token batches, the search's source and prefix tensors, a tiny training run, an
-engine of a checkpoint, and `nmt translate` run in this process."""
+engine of a checkpoint, `nmt translate` run in this process, and the search written out plainly
+(`reference_beam_search`, the oracle of search.py's batched one)."""
 
 import math
 
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 from nmt_cli.cli import main
 from nmt_cli.config import SearchConfig, TrainConfig
 from nmt_cli.decode.engine import Engine
+from nmt_cli.decode.search import length_penalty, max_lengths
 from nmt_cli.model.architecture import PRESETS
 from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.model.transformer import Transformer
@@ -136,3 +138,65 @@ def sequence_log_prob(model, src, tokens):
     tgt_in = torch.tensor([[BOS_ID] + tokens])
     lprobs = torch.log_softmax(model(src, tgt_in)[0].float(), dim=-1)
     return sum(lprobs[t, y].item() for t, y in enumerate(tokens + [EOS_ID]))
+
+
+def reference_beam_search(models, src, config, columns=None, max_positions=SEARCH_TINY.max_positions):
+    """The search written out plainly for one sentence: full forward passes, one hypothesis at
+    the start, every candidate scored; `models`: a model, or several whose probabilities are
+    averaged (an ensemble); `columns`: the only tokens of a shortlist. Same finishing rules
+    (search module docstring): with the heuristic stopping, the `beam` best finished are kept,
+    and the sentence goes on while the best live hypothesis over the penalty of its present
+    length beats the worst of them. With the onmt stopping, written as OpenNMT-py's beam search
+    does it: a step's `beam` best candidates, those ending in EOS finished and the rest live, every
+    finished one kept, done once the step's best candidate is EOS. At the length limit, EOS at
+    its own log-probability, at none (`at_limit` "free"), or every top candidate finished as it is
+    ("cut"). `models` are any callables of (source, target prefix) to logits: the exported graphs
+    too (test_export_onnx.py)."""
+    def penalty(length):
+        return length_penalty(length + config.lenpen_start, config.lenpen, config.lenpen_form)
+
+    members = models if isinstance(models, list) else [models]
+    heuristic = config.stopping == "heuristic" and config.beam > 1
+    onmt = config.stopping == "onmt"
+    banned = [PAD_ID, BOS_ID] + ([] if config.allow_unk else [UNK_ID])
+    limit = int(max_lengths((src != PAD_ID).sum(1) - 1, config, max_positions)[0])
+    live, finished = [(0.0, [])], []
+    for step in range(limit + 1):
+        candidates = []
+        for score, tokens in live:
+            lprobs = averaged_log_probs(members, src, [BOS_ID] + tokens, columns)[-1]
+            for t in set(tokens):  # --repetition-penalty
+                lprobs[t] *= config.repetition_penalty
+            eos = lprobs[EOS_ID].item()
+            lprobs[banned] = -math.inf
+            if step < config.min_len:
+                lprobs[EOS_ID] = -math.inf
+            n = config.no_repeat_ngram_size
+            for start in range(len(tokens) - n + 1 if n else 0):  # every earlier n-gram's last token is banned
+                if tokens[start:start + n - 1] == tokens[len(tokens) - n + 1:]:  # after the output's last n - 1
+                    lprobs[tokens[start + n - 1]] = -math.inf
+            if step == limit:  # </s> at the length limit, at its own log-probability or free
+                lprobs[:] = -math.inf
+                lprobs[EOS_ID] = 0.0 if config.at_limit == "free" else eos
+            candidates += [(score + lp, tokens + [t]) for t, lp in enumerate(lprobs.tolist())]
+        candidates = sorted(candidates, key=lambda c: -c[0])[: config.beam if onmt else 2 * config.beam]
+        finished += [(lp / penalty(step + 1), lp, tokens[:-1])
+                     for lp, tokens in candidates[: config.beam] if tokens[-1] == EOS_ID and lp > -math.inf]
+        if config.at_limit == "cut" and step == limit - 1:
+            finished += [(lp / penalty(step + 1), lp, tokens) for lp, tokens in candidates[: config.beam]
+                         if tokens[-1] != EOS_ID and lp > -math.inf]
+            break
+        if onmt:
+            live = [c for c in candidates if c[1][-1] != EOS_ID]
+            if candidates[0][1][-1] == EOS_ID and len(finished) >= config.nbest:
+                break
+            continue
+        if heuristic:
+            finished = sorted(finished, key=lambda f: -f[0])[: config.beam]
+        live = [c for c in candidates if c[1][-1] != EOS_ID][: config.beam]
+        best = sorted(f[0] for f in finished)
+        full = len(finished) >= config.beam and (not heuristic or live[0][0] / penalty(step + 1) <= best[0])
+        if step >= limit or full or (
+                len(finished) >= config.nbest and live[0][0] / penalty(limit + 1) <= best[-config.nbest]):
+            break
+    return sorted(finished, key=lambda f: -f[0])[: config.nbest]

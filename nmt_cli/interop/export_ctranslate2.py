@@ -82,12 +82,12 @@ def vocabulary_map(shortlist: Shortlist, bundle: ModelBundle) -> str:
     return "\n".join(lines) + "\n"
 
 
-# What an export writes (CTranslate2's, transformers' in export_transformers.py): a directory holding only these
+# What an export writes (CTranslate2's, transformers' and ONNX's): a directory holding only these
 # (and nmt-cli.json) is an earlier export.
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
                 "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json", "model.safetensors",
                 "generation_config.json", "source.spm", "target.spm", "vocab.json", "target_vocab.json",
-                "spm.target.model", "tokenizer_config.json", "README.md", "LICENSE", "vmap.txt"}
+                "spm.target.model", "tokenizer_config.json", "README.md", "LICENSE", "vmap.txt", "onnx"}
 
 
 def _check_destination(out: Path) -> None:

@@ -310,9 +310,10 @@ class Transformer(nn.Module):
             real &= src != self.unseen_end
         return real[:, None, None, :]
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """Encoder stack over source tokens; returns (memory, source mask)."""
-        src_mask = self.source_mask(src)
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Encoder stack over source tokens (attending where `src_mask` is True: by default
+        `source_mask`); returns (memory, source mask)."""
+        src_mask = self.source_mask(src) if src_mask is None else src_mask
         x = self.src_embed(src)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)

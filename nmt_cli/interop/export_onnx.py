@@ -1,0 +1,174 @@
+"""`nmt export --format onnx`: the model as ONNX graphs, for onnxruntime in any language (C#,
+Java, C++, Python) with the search written there: the encoder, and the decoder's step with the
+self-attention keys and values of earlier positions as inputs and outputs, so that a search
+never recomputes them. The layout and names are Optimum's (which transformers.js reads):
+
+- `onnx/encoder_model.onnx`: `input_ids`, `attention_mask` (batch, source) -> `last_hidden_state`;
+- `onnx/decoder_model.onnx`, a target's first step(s): `input_ids` (batch, target),
+  `encoder_attention_mask`, `encoder_hidden_states` -> `logits` and, per decoder layer i,
+  `present.i.decoder.key` / `.value` (its self-attention's) and `present.i.encoder.key` / `.value`
+  (its encoder-decoder attention's, computed once);
+- `onnx/decoder_with_past_model.onnx`, each later step: `input_ids`, `encoder_attention_mask` and
+  every `past_key_values.i.{decoder,encoder}.{key,value}` (the last step's presents) -> `logits`
+  and the `present.i.decoder.*` grown by the step.
+
+Token ids are the checkpoint's vocabularies' (`shared_vocabulary.json`, or `source_vocabulary.json`
+and `target_vocabulary.json`; `config.json` names the specials, and whether a source ends with
+`</s>`: `add_source_eos`, false for OpenNMT-py's models); the text pipeline's files and
+`nmt-cli.json` (export_ctranslate2.text_files) say how text becomes ids and back. Keys and values
+are (batch, heads, positions, d_k); a sentence's rows may be its beams (`encoder_attention_mask`
+and the encoder's keys and values then have one row per sentence, in order).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt_cli.errors import NmtError
+from nmt_cli.interop.export_ctranslate2 import text_files, write_export
+from nmt_cli.model.checkpoint import ModelBundle
+from nmt_cli.model.transformer import Transformer
+from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+OPSET = 18
+
+
+class PastCache:
+    """A decoder layer's self-attention keys and values as graph values (`KeyValueCache`): the
+    `past` ones given, the present ones (past and new) kept; new positions see the past and,
+    causally, each other."""
+
+    def __init__(self, past: tuple[Tensor, Tensor] | None = None) -> None:
+        self.past, self.present = past, None
+
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        past = 0 if self.past is None else self.past[0].size(2)
+        if self.past is not None:
+            k, v = torch.cat([self.past[0], k], dim=2), torch.cat([self.past[1], v], dim=2)
+        self.present = (k, v)
+        new = k.size(2) - past
+        seen = torch.ones(new, k.size(2), dtype=torch.bool, device=k.device).tril(past)
+        return k, v, seen
+
+
+def encoder_mask(model: Transformer, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The model's own source mask (padding; a source's unseen end) and the caller's."""
+    return model.source_mask(input_ids) & attention_mask.bool()[:, None, None, :]
+
+
+class Encoder(nn.Module):
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model.encode(input_ids, encoder_mask(self.model, input_ids, attention_mask))[0]
+
+
+class Decoder(nn.Module):
+    """The decoder's step(s) from `past` (None: a target's first): logits and the presents."""
+
+    def __init__(self, model: Transformer, with_past: bool) -> None:
+        super().__init__()
+        self.model, self.with_past = model, with_past
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, *rest: Tensor) -> tuple[Tensor, ...]:
+        model, layers = self.model, len(self.model.decoder_layers)
+        mask = encoder_attention_mask.bool()[:, None, None, :]
+        if self.with_past:
+            caches = [PastCache((rest[4 * i], rest[4 * i + 1])) for i in range(layers)]
+            memory_kv = [(rest[4 * i + 2], rest[4 * i + 3]) for i in range(layers)]
+            start = rest[0].size(2)
+        else:
+            caches = [PastCache() for _ in range(layers)]
+            memory_kv = model.memory_keys_values(rest[0])
+            start = 0
+        positions = torch.arange(start, start + input_ids.size(1), device=input_ids.device)
+        logits = model.output_projection(model.decode(input_ids, memory_kv, mask, caches, positions))
+        presents = [t for cache, kv in zip(caches, memory_kv) for t in (*cache.present, *kv)]
+        return (logits, *(presents if not self.with_past else
+                          [t for i, t in enumerate(presents) if i % 4 < 2]))
+
+
+def kv_names(prefix: str, layers: int, sides: tuple[str, ...] = ("decoder", "encoder")) -> list[str]:
+    return [f"{prefix}.{i}.{side}.{part}" for i in range(layers) for side in sides for part in ("key", "value")]
+
+
+def export_graphs(model: Transformer, out: Path) -> None:
+    """The three graphs of the module docstring, with dynamic batch and lengths."""
+    model = model.float().eval()
+    layers = len(model.decoder_layers)
+    batch, source, target, past = (torch.export.Dim(name, min=1, max=4096) for name in
+                                   ("batch", "source", "target", "past"))
+    src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID]])
+    src_mask = (src != PAD_ID).long()
+    export(Encoder(model), (src, src_mask), out / "encoder_model.onnx", ["input_ids", "attention_mask"],
+           ["last_hidden_state"], {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}})
+    memory = Encoder(model)(src, src_mask).detach()
+    tgt = torch.tensor([[BOS_ID, 5], [BOS_ID, 6]])
+    first = kv_names("present", layers)
+    export(Decoder(model, with_past=False), (tgt, src_mask, memory), out / "decoder_model.onnx",
+           ["input_ids", "encoder_attention_mask", "encoder_hidden_states"], ["logits", *first],
+           {"input_ids": {0: batch, 1: target}, "encoder_attention_mask": {0: batch, 1: source},
+            "encoder_hidden_states": {0: batch, 1: source}})
+    presents = Decoder(model, with_past=False)(tgt, src_mask, memory)[1:]
+    shapes = {name: {0: batch, 2: past if ".decoder." in name else source} for name in kv_names("past_key_values",
+                                                                                                layers)}
+    export(Decoder(model, with_past=True), (tgt[:, :1], src_mask, *(t.detach() for t in presents)),
+           out / "decoder_with_past_model.onnx",
+           ["input_ids", "encoder_attention_mask", *kv_names("past_key_values", layers)],
+           ["logits", *kv_names("present", layers, ("decoder",))],
+           {"input_ids": {0: batch, 1: torch.export.Dim.STATIC}, "encoder_attention_mask": {0: batch, 1: source},
+            **shapes})
+
+
+def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list[str], outputs: list[str],
+           shapes: dict[str, dict[int, Any]]) -> None:
+    """One graph, its inputs and outputs named, its dimensions dynamic as `shapes` says (the
+    modules take two inputs, then any number more)."""
+    dims = [shapes.get(name) for name in inputs]
+    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")  # optional torchvision operators
+    level, quiet.level = quiet.level, logging.ERROR
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation notes, nothing of the model's
+        program = torch.onnx.export(module, args, dynamo=True, input_names=inputs, output_names=outputs,
+                                    dynamic_shapes=(*dims[:2], tuple(dims[2:])) if len(dims) > 2 else tuple(dims),
+                                    opset_version=OPSET, report=False, verbose=False)
+    quiet.setLevel(level)
+    program.save(str(path))
+
+
+def save_onnx(bundle: ModelBundle, out: Path) -> None:
+    """The ONNX export of `bundle` at `out` (a directory, written whole or not at all)."""
+    try:
+        import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
+    except ImportError:
+        raise NmtError("--format onnx needs onnx and onnxscript: pip install 'nmt-cli[export]'") from None
+
+    def write(tmp: Path) -> None:
+        (tmp / "onnx").mkdir()
+        export_graphs(bundle.model, tmp / "onnx")
+        vocabularies(bundle, tmp)
+        config = {"model_type": "nmt-cli", "d_model": bundle.model.config.d_model, "heads": bundle.model.config.heads,
+                  "decoder_layers": len(bundle.model.decoder_layers), "pad_token_id": PAD_ID,
+                  "decoder_start_token_id": BOS_ID, "eos_token_id": EOS_ID, "unk_token_id": UNK_ID,
+                  "add_source_eos": bundle.model.config.source_eos}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        text_files(bundle, tmp)
+
+    write_export(out, write)
+
+
+def vocabularies(bundle: ModelBundle, out: Path) -> None:
+    """The tokens of each side by id: one file when they are one."""
+    sides = [("shared_vocabulary.json", bundle.tgt_vocab)] if bundle.shared else \
+        [("source_vocabulary.json", bundle.src_vocab), ("target_vocabulary.json", bundle.tgt_vocab)]
+    for name, vocab in sides:
+        (out / name).write_text(json.dumps(vocab.tokens, ensure_ascii=False) + "\n", encoding="utf-8")

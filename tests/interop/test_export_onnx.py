@@ -1,0 +1,149 @@
+"""`nmt export --format onnx`: onnxruntime gives the model's logits from the graphs (a target's
+prefix at once, and step by step over the cached keys and values), and searches over them give
+`nmt translate`'s lines: greedy as a caller of the graphs writes it (each step from the last's
+presents), beam 4 as the search written out (builders.reference_beam_search). On a model
+imported from OpenNMT-py (pre-norm, sources without </s>, separate vocabularies, SentencePiece,
+its own beam rules): the layouts the export has to carry that a model trained here has not."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from builders import reference_beam_search
+from conftest import cli, multi30k_lines
+
+from nmt_cli.decode.translator import Translator
+from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+ONMT = Path(__file__).resolve().parent.parent / "fixtures" / "onmt" / "spm"
+
+
+class Graphs:
+    """The exported graphs in onnxruntime, and the logits of (source, target prefix) from them:
+    a model for the written-out search."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.sessions = {name: ort.InferenceSession(str(folder / "onnx" / f"{name}.onnx"))
+                         for name in ("encoder_model", "decoder_model", "decoder_with_past_model")}
+
+    def run(self, name: str, **feeds: np.ndarray) -> dict[str, np.ndarray]:
+        session = self.sessions[name]
+        return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+    def encode(self, src: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        mask = (src != PAD_ID).long().numpy()
+        return self.run("encoder_model", input_ids=src.numpy(), attention_mask=mask)["last_hidden_state"], mask
+
+    def __call__(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        memory, mask = self.encode(src)
+        out = self.run("decoder_model", input_ids=tgt.numpy(), encoder_attention_mask=mask,
+                       encoder_hidden_states=memory)
+        return torch.from_numpy(out["logits"])
+
+    def greedy(self, src: torch.Tensor, limit: int, banned: list[int]) -> list[list[int]]:
+        """As a caller of the graphs writes it: the first step, then each from the last's presents;
+        never a `banned` token."""
+        memory, mask = self.encode(src)
+        tokens = np.full((src.size(0), 1), BOS_ID)
+        out = self.run("decoder_model", input_ids=tokens, encoder_attention_mask=mask, encoder_hidden_states=memory)
+        found = []
+        for _ in range(limit):
+            logits = out["logits"][:, -1]
+            logits[:, banned] = -np.inf
+            tokens = logits.argmax(-1)[:, None]
+            found.append(tokens[:, 0])
+            past = {name.replace("present", "past_key_values"): value for name, value in out.items()
+                    if name.startswith("present")}
+            out = {**out, **self.run("decoder_with_past_model", input_ids=tokens, encoder_attention_mask=mask,
+                                     **past)}
+        rows = np.stack(found, 1).tolist()
+        return [row[:row.index(EOS_ID)] if EOS_ID in row else row for row in rows]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> tuple[Path, Graphs]:
+    tmp = tmp_path_factory.mktemp("onnx")
+    model = tmp / "m.pt"
+    assert cli("import", ONMT / "model_step_400.pt", "-o", model, "-s", "en", "-t", "de", "--sentencepiece",
+               ONMT / "spm.model").exit_code == 0
+    result = cli("export", "-m", model, "--format", "onnx", "-o", tmp / "onnx-export")
+    assert result.exit_code == 0, result.output
+    return model, Graphs(tmp / "onnx-export")
+
+
+def sources_of(model: Path) -> tuple[Translator, torch.Tensor]:
+    """Multi30k lines as the model's padded source ids, ending in </s> where config.json's
+    add_source_eos says so."""
+    translator = Translator.load(model, device="cpu")
+    pipeline = translator.engine.pipeline
+    lines = multi30k_lines(8, "en", "val")
+    end = [EOS_ID] if translator.engine.generator.models.models[0].config.source_eos else []
+    ids = [pipeline.source_ids(line, k) + end for k, line in enumerate(lines)]
+    longest = max(map(len, ids))
+    return translator, torch.tensor([row + [PAD_ID] * (longest - len(row)) for row in ids])
+
+
+@pytest.mark.slow
+def test_the_graphs_give_the_models_logits(exported):
+    model, graphs = exported
+    translator, src = sources_of(model)
+    network = translator.engine.generator.models.models[0]
+    tgt = torch.cat([torch.full((src.size(0), 1), BOS_ID), src[:, :5].clamp(min=4)], dim=1)
+    with torch.no_grad():
+        theirs = network(src, tgt)
+    assert (graphs(src, tgt) - theirs).abs().max() < 1e-4  # a prefix at once
+    memory, mask = graphs.encode(src)
+    out = graphs.run("decoder_model", input_ids=tgt[:, :1].numpy(), encoder_attention_mask=mask,
+                     encoder_hidden_states=memory)
+    for t in range(tgt.size(1)):  # and step by step, each from the last step's presents
+        assert np.abs(out["logits"][:, 0] - theirs[:, t].numpy()).max() < 1e-4
+        if t + 1 < tgt.size(1):
+            past = {name.replace("present", "past_key_values"): value for name, value in out.items()
+                    if name.startswith("present")}
+            out = {**out, **graphs.run("decoder_with_past_model", input_ids=tgt[:, t + 1:t + 2].numpy(),
+                                       encoder_attention_mask=mask, **past)}
+
+
+@pytest.mark.slow
+def test_searches_over_the_graphs_give_nmt_translates_lines(exported):
+    model, graphs = exported
+    translator, src = sources_of(model)
+    search = translator.config.search
+    limit = 12
+    network = translator.engine.generator.models.models[0]
+    rows = [row[(row != PAD_ID) & (row != EOS_ID)].tolist() for row in src]  # the search adds </s> itself
+    greedy = dataclasses.replace(search, beam=1, max_len_a=0.0, max_len_b=limit, at_limit="cut")
+    banned = [PAD_ID, BOS_ID] + ([] if search.allow_unk else [UNK_ID])
+    found = translator.engine.generator.search(rows, greedy)
+    assert graphs.greedy(src, limit, banned) == [hyps[0].tokens for hyps in found]
+    beam = dataclasses.replace(search, beam=4, max_len_a=0.0, max_len_b=limit)
+    found = translator.engine.generator.search(rows, beam)
+    for k in range(src.size(0)):
+        row = src[k:k + 1, : int((src[k] != PAD_ID).sum())]
+        expected = reference_beam_search(graphs, row, beam, max_positions=network.config.max_positions)
+        assert found[k][0].tokens == expected[0][2]
+
+
+@pytest.mark.slow
+def test_the_export_says_how_to_use_it(exported):
+    """The graphs, the ids of the specials, each side's tokens by id, and the text pipeline's files."""
+    model, graphs = exported
+    bundle = Translator.load(model, device="cpu").engine.pipeline
+    folder = graphs.folder
+    assert sorted(p.name for p in (folder / "onnx").iterdir()) == ["decoder_model.onnx",
+                                                                 "decoder_with_past_model.onnx", "encoder_model.onnx"]
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["decoder_start_token_id"], config["eos_token_id"], config["pad_token_id"]) == (BOS_ID, EOS_ID,
+                                                                                                  PAD_ID)
+    if bundle.src_vocab is bundle.tgt_vocab:
+        assert json.loads((folder / "shared_vocabulary.json").read_text()) == bundle.tgt_vocab.tokens
+    else:
+        assert json.loads((folder / "source_vocabulary.json").read_text()) == bundle.src_vocab.tokens
+        assert json.loads((folder / "target_vocabulary.json").read_text()) == bundle.tgt_vocab.tokens
+    assert (folder / "nmt-cli.json").is_file()
