@@ -16,8 +16,8 @@ Token ids are the checkpoint's vocabularies' (`shared_vocabulary.json`, or `sour
 and `target_vocabulary.json`; `config.json` names the specials, and whether a source ends with
 `</s>`: `add_source_eos`, false for OpenNMT-py's models); the text pipeline's files and
 `nmt-cli.json` (export_ctranslate2.text_files) say how text becomes ids and back. Keys and values
-are (batch, heads, positions, d_k); a sentence's rows may be its beams (`encoder_attention_mask`
-and the encoder's keys and values then have one row per sentence, in order).
+are (batch, heads, positions, d_k); a search's beams are rows of their own (with their
+sentence's encoder rows repeated).
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def encoder_mask(model: Transformer, input_ids: Tensor, attention_mask: Tensor) 
 
 
 class Encoder(nn.Module):
+    """The encoder stack of input ids, attending where the caller's mask and the model's allow."""
+
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.model = model
@@ -98,6 +100,7 @@ class Decoder(nn.Module):
 
 
 def kv_names(prefix: str, layers: int, sides: tuple[str, ...] = ("decoder", "encoder")) -> list[str]:
+    """The graph's names of each layer's keys and values (`present` or `past_key_values`)."""
     return [f"{prefix}.{i}.{side}.{part}" for i in range(layers) for side in sides for part in ("key", "value")]
 
 
@@ -135,13 +138,16 @@ def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list
     modules take two inputs, then any number more)."""
     dims = [shapes.get(name) for name in inputs]
     quiet = logging.getLogger("torch.onnx._internal.exporter._registration")  # optional torchvision operators
-    level, quiet.level = quiet.level, logging.ERROR
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's deprecation notes, nothing of the model's
-        program = torch.onnx.export(module, args, dynamo=True, input_names=inputs, output_names=outputs,
-                                    dynamic_shapes=(*dims[:2], tuple(dims[2:])) if len(dims) > 2 else tuple(dims),
-                                    opset_version=OPSET, report=False, verbose=False)
-    quiet.setLevel(level)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporter's deprecation notes, nothing of the model's
+            program = torch.onnx.export(module, args, dynamo=True, input_names=inputs, output_names=outputs,
+                                        dynamic_shapes=(*dims[:2], tuple(dims[2:])) if len(dims) > 2 else tuple(dims),
+                                        opset_version=OPSET, report=False, verbose=False)
+    finally:
+        quiet.setLevel(level)
     program.save(str(path))
 
 
