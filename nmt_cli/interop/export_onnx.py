@@ -10,7 +10,9 @@ never recomputes them. The layout and names are Optimum's (which transformers.js
   (its encoder-decoder attention's, computed once);
 - `onnx/decoder_with_past_model.onnx`, each later step: `input_ids`, `encoder_attention_mask` and
   every `past_key_values.i.{decoder,encoder}.{key,value}` (the last step's presents) -> `logits`
-  and the `present.i.decoder.*` grown by the step.
+  and the `present.i.decoder.*` grown by the step;
+- `onnx/decoder_model_merged.onnx`: the two as one graph, chosen by `use_cache_branch`
+  (`merge_decoders`).
 
 Token ids are the checkpoint's vocabularies' (`shared_vocabulary.json`, or `source_vocabulary.json`
 and `target_vocabulary.json`; `config.json` names the specials, and whether a source ends with
@@ -105,7 +107,7 @@ def kv_names(prefix: str, layers: int, sides: tuple[str, ...] = ("decoder", "enc
 
 
 def export_graphs(model: Transformer, out: Path) -> None:
-    """The three graphs of the module docstring, with dynamic batch and lengths."""
+    """The graphs of the module docstring, with dynamic batch and lengths."""
     model = model.float().eval()
     layers = len(model.decoder_layers)
     batch, source, target, past = (torch.export.Dim(name, min=1, max=4096) for name in
@@ -130,6 +132,51 @@ def export_graphs(model: Transformer, out: Path) -> None:
            ["logits", *kv_names("present", layers, ("decoder",))],
            {"input_ids": {0: batch, 1: torch.export.Dim.STATIC}, "encoder_attention_mask": {0: batch, 1: source},
             **shapes})
+    merge_decoders(out)
+
+
+def merge_decoders(folder: Path) -> None:
+    """`decoder_model_merged.onnx`: both decoder graphs as the branches of one `If` on the input
+    `use_cache_branch` (false: a target's first step, whose `past_key_values` are ignored and may
+    be empty; true: a later one, whose `encoder_hidden_states` are ignored), as transformers.js
+    loads a decoder; the past branch passes the encoder's keys and values through, so both give
+    every present. A weight the branches share is stored once."""
+    import onnx
+    import onnx.compose
+    from onnx import helper
+
+    first, past = (onnx.load(str(folder / f"{name}.onnx")) for name in ("decoder_model", "decoder_with_past_model"))
+    outputs = {o.name: o for o in first.graph.output}
+    branches, weights, stored = [], [], {}
+    for model, prefix in ((first, "first."), (past, "past.")):
+        graph = onnx.compose.add_prefix_graph(model.graph, prefix, rename_inputs=False, rename_outputs=False)
+        renamed = {}
+        for tensor in graph.initializer:
+            key = (tuple(tensor.dims), tensor.data_type, tensor.raw_data)
+            if key in stored and tensor.raw_data:
+                renamed[tensor.name] = stored[key]
+            else:
+                stored[key] = tensor.name
+                weights.append(tensor)
+        for node in graph.node:
+            node.input[:] = [renamed.get(name, name) for name in node.input]
+        del graph.initializer[:], graph.input[:]  # the weights and inputs are the outer graph's
+        branches.append(graph)
+    for name in outputs:
+        if ".encoder." in name:
+            branches[1].node.append(helper.make_node("Identity", [name.replace("present", "past_key_values")],
+                                                     [name]))
+    for graph in branches:
+        del graph.output[:]
+        graph.output.extend(outputs.values())
+    inputs = [*first.graph.input, *(i for i in past.graph.input if i.name.startswith("past_key_values")),
+              helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])]
+    node = helper.make_node("If", ["use_cache_branch"], list(outputs), then_branch=branches[1],
+                            else_branch=branches[0])
+    graph = helper.make_graph([node], "decoder_model_merged", inputs, list(outputs.values()), initializer=weights)
+    merged = helper.make_model(graph, opset_imports=first.opset_import, ir_version=first.ir_version)
+    onnx.checker.check_model(merged)
+    onnx.save(merged, str(folder / "decoder_model_merged.onnx"))
 
 
 def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list[str], outputs: list[str],

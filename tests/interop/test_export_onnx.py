@@ -1,9 +1,10 @@
 """`nmt export --format onnx`: onnxruntime gives the model's logits from the graphs (a target's
-prefix at once, and step by step over the cached keys and values), and searches over them give
-`nmt translate`'s lines: greedy as a caller of the graphs writes it (each step from the last's
-presents), beam 4 as the search written out (builders.reference_beam_search). On a model
-imported from OpenNMT-py (pre-norm, sources without </s>, separate vocabularies, SentencePiece,
-its own beam rules): the layouts the export has to carry that a model trained here has not."""
+prefix at once, and step by step over the cached keys and values, with the merged decoder too,
+as transformers.js runs it: an empty past first), and searches over them give `nmt translate`'s
+lines: greedy as a caller of the graphs writes it (each step from the last's presents), beam 4 as
+the search written out (builders.reference_beam_search). On a model imported from OpenNMT-py
+(pre-norm, sources without </s>, separate vocabularies, SentencePiece, its own beam rules): the
+layouts the export has to carry that a model trained here has not."""
 
 import dataclasses
 import json
@@ -30,7 +31,8 @@ class Graphs:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.sessions = {name: ort.InferenceSession(str(folder / "onnx" / f"{name}.onnx"))
-                         for name in ("encoder_model", "decoder_model", "decoder_with_past_model")}
+                         for name in ("encoder_model", "decoder_model", "decoder_with_past_model",
+                                      "decoder_model_merged")}
 
     def run(self, name: str, **feeds: np.ndarray) -> dict[str, np.ndarray]:
         session = self.sessions[name]
@@ -108,6 +110,16 @@ def test_the_graphs_give_the_models_logits(exported):
                     if name.startswith("present")}
             out = {**out, **graphs.run("decoder_with_past_model", input_ids=tgt[:, t + 1:t + 2].numpy(),
                                        encoder_attention_mask=mask, **past)}
+    layers = sum(name.endswith(".decoder.key") for name in out)  # the merged graph, as transformers.js runs it:
+    past = {f"past_key_values.{i}.{side}.{part}": np.zeros((src.size(0), network.config.heads, 0, network.config.d_k),
+                                                          np.float32)  # empty at the first step
+            for i in range(layers) for side in ("decoder", "encoder") for part in ("key", "value")}
+    for t in range(tgt.size(1)):
+        out = graphs.run("decoder_model_merged", input_ids=tgt[:, t:t + 1].numpy(), encoder_attention_mask=mask,
+                         encoder_hidden_states=memory, use_cache_branch=np.array([t > 0]), **past)
+        assert np.abs(out["logits"][:, 0] - theirs[:, t].numpy()).max() < 1e-4
+        past = {name.replace("present", "past_key_values"): value for name, value in out.items()
+                if name.startswith("present")}
 
 
 @pytest.mark.slow
@@ -136,7 +148,7 @@ def test_the_export_says_how_to_use_it(exported):
     model, graphs = exported
     bundle = Translator.load(model, device="cpu").engine.pipeline
     folder = graphs.folder
-    assert sorted(p.name for p in (folder / "onnx").iterdir()) == ["decoder_model.onnx",
+    assert sorted(p.name for p in (folder / "onnx").iterdir()) == ["decoder_model.onnx", "decoder_model_merged.onnx",
                                                                  "decoder_with_past_model.onnx", "encoder_model.onnx"]
     config = json.loads((folder / "config.json").read_text())
     assert (config["decoder_start_token_id"], config["eos_token_id"], config["pad_token_id"]) == (BOS_ID, EOS_ID,
