@@ -313,6 +313,27 @@ def cli(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input)
 
 
+def val_translations(model: Path, beam: int) -> list[str]:
+    """`nmt translate` (CPU) of Multi30k's first 20 val lines, raw, as the peers' fixtures
+    (tests/fixtures/*/make.sh) translated them: its lines."""
+    result = cli("translate", "-m", model, "--beam", beam, "--device", "cpu",
+                 input="".join(line + "\n" for line in multi30k_lines(20, "en", "val")))
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+def val_reference_records(model: Path) -> list[dict]:
+    """`nmt translate --score-reference --format jsonl` (CPU) of Multi30k's first 20 val pairs, as
+    the peers' fixtures scored them: a record a line."""
+    import json
+
+    pairs = zip(multi30k_lines(20, "en", "val"), multi30k_lines(20, "de", "val"))
+    result = cli("translate", "-m", model, "--score-reference", "--format", "jsonl", "--device", "cpu",
+                 input="".join(f"{source}\t{reference}\n" for source, reference in pairs))
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
 @pytest.fixture(scope="session", params=["shared", "separate"])
 def exported(request, tmp_path_factory):
     """A tiny SentencePiece model trained for seconds to copy letters (shared vocabulary) or copy

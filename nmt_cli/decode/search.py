@@ -235,22 +235,22 @@ def _best_candidates(models: Ensemble, states: list[DecoderState], beams: Beams,
 
 
 def _finish(finished: Finished, beams: Beams, step: int, candidates: tuple[Tensor, Tensor, Tensor, Tensor],
-            config: SearchConfig, terms: Terms | None) -> Tensor:
-    """Add to `finished` the `candidates` (`_best_candidates`) that end at `step`: EOS among each
-    sentence's top `beam`, of a sentence not done before; with `at_limit` "cut", every one of
-    them at its sentence's last step (with its token when not EOS). `terms`: those of an
-    allocating search. Returns whether each sentence's best candidate ended."""
-    top_scores, top_row, top_token, top = (x[:, : config.beam] for x in candidates)
-    (n, width), device = beams.scores.shape, top.device
-    is_eos = top_token == EOS_ID
-    last = beams.limits - 1 == step if config.at_limit == "cut" else torch.zeros_like(beams.done)
-    is_new = (is_eos | last.unsqueeze(1)) & top_scores.isfinite() & ~beams.done.unsqueeze(1)
-    ended = beams.history.view(n, width, -1)[torch.arange(n, device=device).unsqueeze(1), top_row, 1:]
+            is_eos: Tensor, penalty: float, config: SearchConfig, terms: Terms | None) -> Tensor:
+    """Add to `finished` the `candidates` (`_best_candidates`, and which of them are EOS) that end
+    at `step`, at the length `penalty` of that step: EOS among each sentence's top `beam`, of a
+    sentence not done before; with `at_limit` "cut", every one of them at its sentence's last
+    step (with its token when not EOS). `terms`: those of an allocating search. Returns whether
+    each sentence's best candidate ended."""
+    (n, width), cut = beams.scores.shape, config.at_limit == "cut"
+    top_scores, top_row, top_token, top, is_eos = (x[:, : config.beam] for x in (*candidates, is_eos))
+    ends = is_eos | (beams.limits - 1 == step).unsqueeze(1) if cut else is_eos
+    is_new = ends & top_scores.isfinite() & ~beams.done.unsqueeze(1)
+    ended = beams.history.view(n, width, -1)[torch.arange(n, device=top.device).unsqueeze(1), top_row, 1:]
     lengths = None
-    if config.at_limit == "cut":
+    if cut:
         ended, lengths = torch.cat([ended, top_token.unsqueeze(2)], 2), step + (~is_eos).long()
     short = terms.short(top, beams.sentences) if terms is not None else None
-    finished.add(beams.sentences, is_new, top_scores, ended, penalty_of(config)(step + 1), short, lengths)
+    finished.add(beams.sentences, is_new, top_scores, ended, penalty, short, lengths)
     return is_new[:, 0]
 
 
@@ -285,7 +285,7 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
     finished = Finished(batch, beam, max(limit) + 1, device)
     controls, read_every = layer.controls(OutputControls.of(config, models.never, device)), steps_between_reads(device)
     allocating = terms is not None and terms.allocates  # the beam shared among banks (constraints.py)
-    onmt, cut = config.stopping == "onmt", config.at_limit == "cut"
+    onmt, cut, free = config.stopping == "onmt", config.at_limit == "cut", config.at_limit == "free"
     if allocating:
         terms.start(batch, width)
 
@@ -294,12 +294,12 @@ def beam_search(models: Ensemble, src: Tensor, config: SearchConfig, prefixes: T
         n, width = beams.scores.shape
         top_scores, top_row, top_token, top = _best_candidates(models, states, beams, step, beam, k, controls, terms,
                                                                      layer)
-        if config.at_limit == "free" and step >= beams.soonest_limit:  # the forced EOS costs nothing
-            free = (beams.limits == step).unsqueeze(1) & (top_token == EOS_ID)
-            top_scores = torch.where(free, beams.scores.gather(1, top_row), top_scores)
         is_eos = top_token == EOS_ID
-        best_ended = _finish(finished, beams, step, (top_scores, top_row, top_token, top), config,
-                             terms if allocating else None)
+        if free and step >= beams.soonest_limit:  # the forced EOS costs nothing
+            at_limit = (beams.limits == step).unsqueeze(1) & is_eos
+            top_scores = torch.where(at_limit, beams.scores.gather(1, top_row), top_scores)
+        best_ended = _finish(finished, beams, step, (top_scores, top_row, top_token, top), is_eos, penalty(step + 1),
+                             config, terms if allocating else None)
         if keeps_best(config):
             finished.keep_best(beam)
         # The first `beam` continuations that are not EOS (by score; with terms, by allocation);

@@ -96,9 +96,10 @@ class Decoder(nn.Module):
             start = 0
         positions = torch.arange(start, start + input_ids.size(1), device=input_ids.device)
         logits = model.output_projection(model.decode(input_ids, memory_kv, mask, caches, positions))
-        presents = [t for cache, kv in zip(caches, memory_kv) for t in (*cache.present, *kv)]
-        return (logits, *(presents if not self.with_past else
-                          [t for i, t in enumerate(presents) if i % 4 < 2]))
+        # per layer its self-attention's keys and values, and at a first step its encoder's too
+        pairs = [cache.present for cache in caches] if self.with_past else \
+            [pair for cache, kv in zip(caches, memory_kv) for pair in (cache.present, kv)]
+        return (logits, *(t for pair in pairs for t in pair))
 
 
 def kv_names(prefix: str, layers: int, sides: tuple[str, ...] = ("decoder", "encoder")) -> list[str]:

@@ -174,6 +174,7 @@ def test_export_replaces_only_an_earlier_export_and_never_leaves_half_a_director
 @pytest.mark.parametrize("package, command, message", [
     ("ctranslate2", ["export", "--format", "ctranslate2", "-o", "OUT"], "needs CTranslate2: pip install"),
     ("safetensors", ["export", "--format", "safetensors", "-o", "OUT.safetensors"], "need the safetensors package"),
+    ("onnxscript", ["export", "--format", "onnx", "-o", "OUT"], "--format onnx needs onnx and onnxscript: pip install"),
     ("uvicorn", ["serve"], "nmt serve needs its extra (uvicorn is missing): pip install 'nmt-cli[serve]'"),
     ("fastapi", ["serve"], "nmt serve needs its extra (fastapi"),  # fastapi_offline, the first to import it
 ])

@@ -6,7 +6,6 @@ of them (fairseq-interactive's of raw text for the BPE and SentencePiece ones), 
 their references, as the oracle."""
 
 import argparse
-import json
 import math
 import shutil
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, multi30k_lines
+from conftest import cli, val_reference_records, val_translations
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
@@ -45,21 +44,14 @@ def imported(request, tmp_path_factory) -> tuple[str, Path]:
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_translations_are_fairseqs(imported, beam):
-    variant, model = imported
-    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))  # raw: fairseq-interactive's input
-    ours = cli("translate", "-m", model, "--beam", beam, "--device", "cpu", input=lines)
-    assert ours.exit_code == 0, ours.output
-    assert ours.stdout.splitlines() == (FIXTURES / variant / f"valid.beam{beam}.de").read_text().splitlines()
+    variant, model = imported  # raw lines: fairseq-interactive's input
+    assert val_translations(model, beam) == (FIXTURES / variant / f"valid.beam{beam}.de").read_text().splitlines()
 
 
 def test_scores_of_references_are_fairseqs(imported):
     variant, model = imported
-    pairs = zip(multi30k_lines(20, "en", "val"), multi30k_lines(20, "de", "val"))
-    ours = cli("translate", "-m", model, "--score-reference", "--format", "jsonl", "--device", "cpu",
-               input="".join(f"{source}\t{reference}\n" for source, reference in pairs))
-    assert ours.exit_code == 0, ours.output
     theirs = [float(x) for x in (FIXTURES / variant / "valid.reference-score").read_text().split()]
-    scores = [json.loads(line)["score"] / math.log(2) for line in ours.stdout.splitlines()]  # fairseq's are in bits
+    scores = [record["score"] / math.log(2) for record in val_reference_records(model)]  # fairseq's are in bits
     assert scores == pytest.approx(theirs, abs=1e-4)
 
 
@@ -68,9 +60,7 @@ def test_options_pickled_as_omegaconf_containers_are_read(tmp_path):
     omegaconf needed, nothing run); the checkpoint is post's (make.sh)."""
     options = ImportConfig(source_lang="en", target_lang="de", tokenizer="none", data_dir=FIXTURES / "post")
     import_model(FIXTURES / "omegaconf" / "checkpoint.pt", tmp_path / "m.pt", options=options)
-    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))
-    ours = cli("translate", "-m", tmp_path / "m.pt", "--beam", 1, "--device", "cpu", input=lines)
-    assert ours.stdout == (FIXTURES / "post" / "valid.beam1.de").read_text()
+    assert val_translations(tmp_path / "m.pt", 1) == (FIXTURES / "post" / "valid.beam1.de").read_text().splitlines()
 
 
 def options_changed(path: Path, **changes) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NEEDS_CTRANSLATE2, cli, multi30k_lines
+from conftest import NEEDS_CTRANSLATE2, cli, multi30k_lines, val_reference_records, val_translations
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
@@ -43,21 +43,14 @@ def test_translations_are_onmt_translates(imported, beam):
     piece, onmt_translate leaves a space at its end, which nmt-cli does not write (as MarianTokenizer
     and fairseq do not)."""
     variant, model = imported
-    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))
-    ours = cli("translate", "-m", model, "--beam", beam, "--device", "cpu", input=lines)
-    assert ours.exit_code == 0, ours.output
     theirs = (FIXTURES / variant / f"valid.beam{beam}.de").read_text().splitlines()
-    assert ours.stdout.splitlines() == [line.removesuffix(" ") for line in theirs]
+    assert val_translations(model, beam) == [line.removesuffix(" ") for line in theirs]
 
 
 def test_scores_of_references_are_onmt_translates(imported):
     variant, imported = imported
-    pairs = zip(multi30k_lines(20, "en", "val"), multi30k_lines(20, "de", "val"))
-    ours = cli("translate", "-m", imported, "--score-reference", "--format", "jsonl", "--device", "cpu",
-               input="".join(f"{source}\t{reference}\n" for source, reference in pairs))
-    assert ours.exit_code == 0, ours.output
     theirs = [float(x) for x in (FIXTURES / variant / "valid.reference-score").read_text().split()]  # GOLD SCORE
-    records = [json.loads(line) for line in ours.stdout.splitlines()]
+    records = val_reference_records(imported)
     assert [record["log_prob"] for record in records] == pytest.approx(theirs, abs=1e-4)
     # onmt_translate's "avg" penalty: over the length counting <s> and </s> (its PRED SCOREs)
     assert [r["score"] for r in records] == pytest.approx([r["log_prob"] / (len(r["tokens"]) + 1) for r in records])
@@ -123,9 +116,7 @@ def test_weights_beside_the_checkpoint_and_the_subword_model_its_options_name(tm
     assert not (tmp_path / "out.pt").exists()
     shutil.copy(FIXTURES / "spm" / "model_step_400.safetensors", tmp_path / "model_step_400.0.safetensors")
     import_model(tmp_path / "model_step_400.pt", tmp_path / "out.pt", options=EN_DE)
-    lines = "".join(line + "\n" for line in multi30k_lines(20, "en", "val"))
-    ours = cli("translate", "-m", tmp_path / "out.pt", "--beam", 4, "--device", "cpu", input=lines)
-    assert ours.stdout == (FIXTURES / "spm" / "valid.beam4.de").read_text()
+    assert val_translations(tmp_path / "out.pt", 4) == (FIXTURES / "spm" / "valid.beam4.de").read_text().splitlines()
 
 
 def test_text_files_that_are_not_what_they_claim_are_one_line(tmp_path):
