@@ -14,6 +14,7 @@
 #     search's state every READS (1 4 16; empty: none) steps, checks that graphs give the same lines (graph_check.py),
 #     and times `nmt translate` of 100 lines on the GPU (without and with graphs) and the CPU
 #     (ROUNDS: 3 each)
+#   DATA_BIN=DIR   the decode stage's Multi30k en-de, preprocessed as it would (gpu_carry.sh), to save the device's time
 #   COMPILE_TIMEOUT=300   seconds for each arch of the compile stage
 #   QUICKSTART_MINUTES=10   the quickstart stage: data/quickstart.sh (the README's main job) on the GPU
 set -uo pipefail
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 if [ -n "${WHEELS:-}" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WHEELS"/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD
@@ -62,8 +63,10 @@ fi
 if [[ $STAGES == *decode* ]]; then
     multi30k=$NMT_SHARED_DATA/multi30k
     work=$(mktemp -d)
-    python3 -m nmt_cli preprocess -s en -t de --trainpref "$multi30k/train" --validpref "$multi30k/val" \
-        --destdir "$work/data" --bpe-merges 8000 --max-len-ratio 3 --quiet || exit 1
+    if [ -n "${DATA_BIN:-}" ]; then cp -r "$DATA_BIN" "$work/data"; else
+        python3 -m nmt_cli preprocess -s en -t de --trainpref "$multi30k/train" --validpref "$multi30k/val" \
+            --destdir "$work/data" --bpe-merges 8000 --max-len-ratio 3 --quiet || exit 1
+    fi
     for arch in ${DECODE_ARCHS:-small}; do
         timeout 300 python3 -m nmt_cli train "$work/data" --save-dir "$work/$arch" --arch "$arch" --device cuda \
             --lr-schedule inverse-sqrt --lr 1e-3 --warmup 400 --max-tokens 8192 --max-time "${TRAIN_MINUTES:-1.5}" \
