@@ -35,19 +35,23 @@ from nmt_cli.run_config import RunConfig
 
 
 def profiled(engine: Engine, sources: list[list[int]], path: Path) -> float | None:
-    """Translate under torch.profiler, write its table to `path`; the GPU's busy share, if any."""
+    """Translate under torch.profiler, write its tables to `path` (by operator, then by operator and
+    input shapes: which matmul a kernel serves); the GPU's busy share, if any."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = engine.device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []),
+                 record_shapes=True) as prof:
         start = time.perf_counter()
         engine.generator.search(sources, engine.config.search)
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     events = prof.key_averages()
-    path.write_text(events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=40,
-                                 max_name_column_width=60) + "\n")
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    path.write_text(events.table(sort_by=sort, row_limit=40, max_name_column_width=60) + "\n"
+                    + prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=25,
+                                                                         max_name_column_width=40) + "\n")
     if not cuda:
         return None
     kernels = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)

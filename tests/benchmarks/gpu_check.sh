@@ -48,8 +48,8 @@ if [[ $STAGES == *tests* ]]; then
 fi
 if [[ $STAGES == *compile* ]]; then
     for arch in ${COMPILE_ARCHS:-base big}; do
-        timeout ${COMPILE_TIMEOUT:-300} python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --baseline 2>>"$OUT/stderr.txt" \
-            | tee -a "$OUT/gpu_speed.jsonl"
+        timeout ${COMPILE_TIMEOUT:-300} python3 tests/benchmarks/gpu_speed.py --arch "$arch" --compile --baseline \
+            --profile "$OUT/profile_${arch}_compiled.txt" 2>>"$OUT/stderr.txt" | tee -a "$OUT/gpu_speed.jsonl"
     done
 fi
 if [[ $STAGES == *buckets* ]]; then  # compiled, once per shape of 16 length buckets (nmt train --length-buckets),
