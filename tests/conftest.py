@@ -7,7 +7,7 @@ import functools
 import importlib.util
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -204,18 +204,20 @@ def tiny_checkpoint(path: Path, seed: int = 0, symbols: Sequence[str] = SYMBOLS,
     return path
 
 
-def tiny_sentencepiece_checkpoint(path: Path, seed: int = 0) -> Path:
-    """An untrained tiny model over the pieces of a small SentencePiece model of the synthetic
-    tasks' letters (a joint vocabulary), saved as a self-describing checkpoint."""
+def tiny_sentencepiece_checkpoint(path: Path, seed: int = 0, lines: list[str] | None = None, vocab_size: int = 40,
+                                  vocabulary: Callable[[list[str]], list[str]] = list, **overrides) -> Path:
+    """An untrained tiny model over the pieces of a small SentencePiece model (a joint vocabulary)
+    of `lines` (default: the synthetic tasks' letters), saved as a self-describing checkpoint;
+    `vocabulary` makes the model's tokens of the pieces, `overrides` its settings (tiny_checkpoint's)."""
     from nmt_cli.config import TextConfig
     from nmt_cli.model import checkpoint as ckpt
     from nmt_cli.text.pieces import learn_sentencepiece, load_sentencepiece
 
-    lines = [s for pair in synthetic_pairs(200, seed, "upper") for s in pair]
-    pieces = learn_sentencepiece(lines, 40, "unigram")
+    lines = lines or [s for pair in synthetic_pairs(200, seed, "upper") for s in pair]
+    pieces = learn_sentencepiece(lines, vocab_size, "unigram")
     processor = load_sentencepiece(pieces)
     tokens = [processor.id_to_piece(i) for i in range(4, processor.get_piece_size())]
-    tiny_checkpoint(path, seed, tokens)
+    tiny_checkpoint(path, seed, vocabulary(tokens), **overrides)
     bundle = ckpt.load_bundle(path)
     text = TextConfig(bundle.text.source_lang, bundle.text.target_lang, subword="sentencepiece")
     ckpt.save(ckpt.describe(bundle.model, text, None, bundle.src_vocab, bundle.tgt_vocab, pieces), path)
@@ -366,6 +368,57 @@ def exported(request, tmp_path_factory):
     assert (bundle.src_vocab is bundle.tgt_vocab) == shared
     sources = (tmp / "raw/valid.src").read_text().splitlines()
     return tmp, bundle, sources
+
+
+TRANSFORMERS_JS = "4.3.2"  # @huggingface/transformers from npm, for the JavaScript routes' tests
+
+
+@pytest.fixture(scope="session")
+def transformers_js() -> Path:
+    """transformers.js's Node module, installed from npm once into a cache folder (NMT_NODE_CACHE,
+    default ~/.cache/nmt-cli/node), with --ignore-scripts: onnxruntime-node's install script
+    fetches GPU binaries from a host that may be unreachable, and its CPU binary is in the package.
+    Skips where Node or npm is absent or the install fails; workers installing at once each install
+    into a folder of their own and the first to finish is kept."""
+    import shutil
+    import tempfile
+
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("needs Node.js and npm (the JavaScript routes' tests run transformers.js)")
+    cache = Path(os.environ.get("NMT_NODE_CACHE", Path.home() / ".cache" / "nmt-cli" / "node"))
+    home = cache / f"transformers-{TRANSFORMERS_JS}"
+    module = Path("node_modules/@huggingface/transformers/dist/transformers.node.mjs")
+    if not (home / module).exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache))
+        (tmp / "package.json").write_text('{"private": true}\n')
+        done = subprocess.run(["npm", "install", "--ignore-scripts", "--no-audit", "--no-fund",
+                               f"@huggingface/transformers@{TRANSFORMERS_JS}"], cwd=tmp, capture_output=True,
+                              text=True, timeout=600)
+        try:
+            if done.returncode != 0:
+                pytest.skip(f"npm could not install transformers.js: {done.stderr.strip().splitlines()[-1:]}")
+            tmp.rename(home)
+        except OSError:  # another worker's install came first
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return home / module
+
+
+def run_transformers_js(module: Path, model: Path, lines: list[str], translate: bool = True,
+                        dtype: str = "fp32", **generate) -> dict:
+    """tests/interop/transformers_js.mjs in Node: each line's ids from the export's tokenizer.json
+    and (`translate`) its greedy translation with transformers.js (`generate`: generate()'s options)."""
+    import json
+
+    script = Path(__file__).resolve().parent / "interop" / "transformers_js.mjs"
+    request = {"module": str(module), "model": str(model), "lines": lines, "dtype": dtype, "generate": generate,
+               "translate": translate}
+    done = subprocess.run(["node", str(script)], input=json.dumps(request), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def opus_mt_release(directory: Path, seed: int = 0, eos: int = 0, bos: int | None = None, codes: tuple[str, ...] = (),

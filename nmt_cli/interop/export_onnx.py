@@ -35,6 +35,8 @@ from torch import Tensor, nn
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.export_ctranslate2 import text_files, write_export
+from nmt_cli.interop.export_transformers import generation_config, marian_config
+from nmt_cli.interop.tokenizer_json import javascript_refusal, tokenizer_config, tokenizer_json
 from nmt_cli.model.checkpoint import ModelBundle
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -66,13 +68,15 @@ def encoder_mask(model: Transformer, input_ids: Tensor, attention_mask: Tensor) 
 
 
 class Encoder(nn.Module):
-    """The encoder stack of input ids, attending where the caller's mask and the model's allow."""
+    """The encoder stack of input ids, attending where the caller's mask and the model's allow;
+    an id past the vocabulary (a piece of tokenizer.json's that the vocabulary lacks) reads <unk>."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        input_ids = input_ids.masked_fill(input_ids >= self.model.src_embed.tokens.num_embeddings, UNK_ID)
         return self.model.encode(input_ids, encoder_mask(self.model, input_ids, attention_mask))[0]
 
 
@@ -199,25 +203,44 @@ def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list
     program.save(str(path))
 
 
-def save_onnx(bundle: ModelBundle, out: Path) -> None:
-    """The ONNX export of `bundle` at `out` (a directory, written whole or not at all)."""
+def save_onnx(bundle: ModelBundle, out: Path) -> str | None:
+    """The ONNX export of `bundle` at `out` (a directory, written whole or not at all); returns a
+    note of why it has no tokenizer.json for the JavaScript routes, if it has none."""
     try:
         import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
     except ImportError:
         raise NmtError("--format onnx needs onnx and onnxscript: pip install 'nmt-cli[export]'") from None
+    refusal = javascript_refusal(bundle)
 
     def write(tmp: Path) -> None:
         (tmp / "onnx").mkdir()
         export_graphs(bundle.model, tmp / "onnx")
         vocabularies(bundle, tmp)
-        config = {"model_type": "nmt-cli", "d_model": bundle.model.config.d_model, "heads": bundle.model.config.heads,
-                  "decoder_layers": len(bundle.model.decoder_layers), "pad_token_id": PAD_ID,
-                  "decoder_start_token_id": BOS_ID, "eos_token_id": EOS_ID, "unk_token_id": UNK_ID,
-                  "add_source_eos": bundle.model.config.source_eos}
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_json(tmp / "config.json", model_config(bundle))
+        write_json(tmp / "generation_config.json",
+                   {**generation_config(dict, bundle), "decoder_start_token_id": BOS_ID})  # as model_config's
+        if refusal is None:
+            write_json(tmp / "tokenizer.json", tokenizer_json(bundle))
+            write_json(tmp / "tokenizer_config.json", tokenizer_config(bundle))
         text_files(bundle, tmp)
 
     write_export(out, write)
+    if refusal is None:
+        return None
+    return f"note: {out} is for onnxruntime with nmt's tokenizer (nmt-cli.json), not transformers.js: {refusal}"
+
+
+def model_config(bundle: ModelBundle) -> dict[str, Any]:
+    """config.json: the network in MarianConfig's terms, as transformers.js and Optimum read them
+    (the sizes of an empty past, the specials); a target starts with <s> (the graphs read the
+    start row the model reads), and `add_source_eos` says whether a source ends with </s>."""
+    return {**marian_config(dict, bundle), "model_type": "marian", "architectures": ["MarianMTModel"],
+            "is_encoder_decoder": True, "decoder_start_token_id": BOS_ID, "unk_token_id": UNK_ID,
+            "add_source_eos": bundle.model.config.source_eos}
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def vocabularies(bundle: ModelBundle, out: Path) -> None:

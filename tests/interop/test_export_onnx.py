@@ -100,6 +100,9 @@ def test_the_graphs_give_the_models_logits(exported):
     with torch.no_grad():
         theirs = network(src, tgt)
     assert (graphs(src, tgt) - theirs).abs().max() < 1e-4  # a prefix at once
+    lacked, unknown = src.clone(), src.clone()  # an id past the vocabulary (a piece tokenizer.json has) is <unk>
+    lacked[0, 0], unknown[0, 0] = len(translator.engine.pipeline.src_vocab) + 3, UNK_ID
+    assert np.array_equal(graphs.encode(lacked)[0], graphs.encode(unknown)[0])
     memory, mask = graphs.encode(src)
     out = graphs.run("decoder_model", input_ids=tgt[:, :1].numpy(), encoder_attention_mask=mask,
                      encoder_hidden_states=memory)
@@ -153,6 +156,12 @@ def test_the_export_says_how_to_use_it(exported):
     config = json.loads((folder / "config.json").read_text())
     assert (config["decoder_start_token_id"], config["eos_token_id"], config["pad_token_id"]) == (BOS_ID, EOS_ID,
                                                                                                   PAD_ID)
+    network = Translator.load(model, device="cpu").engine.generator.models.models[0].config
+    assert config["model_type"] == "marian" and config["add_source_eos"] == network.source_eos  # transformers.js's
+    assert (config["decoder_layers"], config["decoder_attention_heads"], config["d_model"]) == (
+        network.decoder_layers, network.heads, network.d_model)  # the shapes of an empty past
+    assert json.loads((folder / "generation_config.json").read_text())["decoder_start_token_id"] == BOS_ID
+    assert not (folder / "tokenizer.json").exists()  # separate vocabularies: for onnxruntime only
     if bundle.src_vocab is bundle.tgt_vocab:
         assert json.loads((folder / "shared_vocabulary.json").read_text()) == bundle.tgt_vocab.tokens
     else:
