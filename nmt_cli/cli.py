@@ -313,7 +313,7 @@ def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...]
     elif config.format == "onnx":
         from nmt_cli.interop.export_onnx import save_onnx
 
-        if (note := save_onnx(load_bundle(model), output)) is not None:
+        if (note := save_onnx(load_bundle(model), output, config.quantization)) is not None:
             click.echo(note, err=True)
     elif config.format == "transformers":
         from nmt_cli.interop.card import evaluate

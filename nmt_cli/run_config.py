@@ -141,6 +141,7 @@ class ServeConfig(Options):
 EXPORT_FORMATS = ("ctranslate2", "transformers", "onnx", "safetensors")
 CT2_QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")
 _CTRANSLATE2 = (lambda c: c.format == "ctranslate2", "to --format ctranslate2")
+_QUANTIZED = (lambda c: c.format in ("ctranslate2", "onnx"), "to --format ctranslate2 or onnx")
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,9 @@ class ExportConfig(Options):
                        "SentencePiece models); onnx: ONNX graphs of the encoder and the decoder's cached step, for "
                        "onnxruntime (needs onnx and onnxscript); safetensors: one file.", choices=EXPORT_FORMATS)
     quantization: str = knob("float32", "ctranslate2: store the weights in this type (--quantize int8 as "
-                             "`nmt translate` and `nmt serve` spell it).", choices=CT2_QUANTIZATIONS,
-                             only_if=_CTRANSLATE2, flags=["--quantize", "--quantization"])
+                             "`nmt translate` and `nmt serve` spell it); onnx: int8 adds int8 copies of the graphs "
+                             "(*_quantized.onnx).", choices=CT2_QUANTIZATIONS,
+                             only_if=_QUANTIZED, flags=["--quantize", "--quantization"])
     shortlist: Path | None = knob(None, "ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map "
                                   "(use_vmap=True).", path=EXISTING_FILE, only_if=_CTRANSLATE2)
 

@@ -140,8 +140,8 @@ def export_graphs(model: Transformer, out: Path) -> None:
     merge_decoders(out)
 
 
-def merge_decoders(folder: Path) -> None:
-    """`decoder_model_merged.onnx`: both decoder graphs as the branches of one `If` on the input
+def merge_decoders(folder: Path, suffix: str = "") -> None:
+    """`decoder_model_merged{suffix}.onnx`: both decoder graphs as the branches of one `If` on the input
     `use_cache_branch` (false: a target's first step, whose `past_key_values` are ignored and may
     be empty; true: a later one, whose `encoder_hidden_states` are ignored), as transformers.js
     loads a decoder; the past branch passes the encoder's keys and values through, so both give
@@ -150,7 +150,8 @@ def merge_decoders(folder: Path) -> None:
     import onnx.compose
     from onnx import helper
 
-    first, past = (onnx.load(str(folder / f"{name}.onnx")) for name in ("decoder_model", "decoder_with_past_model"))
+    first, past = (onnx.load(str(folder / f"{name}{suffix}.onnx")) for name in ("decoder_model",
+                                                                               "decoder_with_past_model"))
     outputs = {o.name: o for o in first.graph.output}
     branches, weights, stored = [], [], {}
     for model, prefix in ((first, "first."), (past, "past.")):
@@ -181,7 +182,25 @@ def merge_decoders(folder: Path) -> None:
     graph = helper.make_graph([node], "decoder_model_merged", inputs, list(outputs.values()), initializer=weights)
     merged = helper.make_model(graph, opset_imports=first.opset_import, ir_version=first.ir_version)
     onnx.checker.check_model(merged)
-    onnx.save(merged, str(folder / "decoder_model_merged.onnx"))
+    onnx.save(merged, str(folder / f"decoder_model_merged{suffix}.onnx"))
+
+
+def quantize_graphs(folder: Path) -> None:
+    """int8 copies of the graphs, `*_quantized.onnx` (the names transformers.js loads for its dtype
+    q8): onnxruntime's dynamic quantization, the weights of matrix products and embeddings in int8
+    with a scale per output column, activations quantized as each product runs. The decoders are
+    quantized before they are merged: quantization does not enter an `If`'s branches."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    quiet = logging.getLogger()  # its advice to pre-process the graphs first, at warning level
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        for name in ("encoder_model", "decoder_model", "decoder_with_past_model"):
+            quantize_dynamic(folder / f"{name}.onnx", folder / f"{name}_quantized.onnx", per_channel=True)
+    finally:
+        quiet.setLevel(level)
+    merge_decoders(folder, "_quantized")
 
 
 def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list[str], outputs: list[str],
@@ -203,9 +222,13 @@ def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list
     program.save(str(path))
 
 
-def save_onnx(bundle: ModelBundle, out: Path) -> str | None:
-    """The ONNX export of `bundle` at `out` (a directory, written whole or not at all); returns a
-    note of why it has no tokenizer.json for the JavaScript routes, if it has none."""
+def save_onnx(bundle: ModelBundle, out: Path, quantization: str = "float32") -> str | None:
+    """The ONNX export of `bundle` at `out` (a directory, written whole or not at all), with int8
+    copies of the graphs where `quantization` is int8; returns a note of why it has no
+    tokenizer.json for the JavaScript routes, if it has none."""
+    if quantization not in ("float32", "int8"):
+        raise NmtError(f"--format onnx: --quantize float32 or int8 (onnxruntime's dynamic quantization), "
+                       f"not {quantization}")
     try:
         import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
     except ImportError:
@@ -215,6 +238,8 @@ def save_onnx(bundle: ModelBundle, out: Path) -> str | None:
     def write(tmp: Path) -> None:
         (tmp / "onnx").mkdir()
         export_graphs(bundle.model, tmp / "onnx")
+        if quantization == "int8":
+            quantize_graphs(tmp / "onnx")
         vocabularies(bundle, tmp)
         write_json(tmp / "config.json", model_config(bundle))
         write_json(tmp / "generation_config.json",
