@@ -1,7 +1,8 @@
-"""The JavaScript route of `nmt export --format onnx`: transformers.js in Node (`pipeline('translation')`,
-local files only) translates the export of a trained SentencePiece model as `nmt translate --beam 1`
-does, and its int8 graphs (dtype q8) mostly as the float32 ones; a model whose text JavaScript cannot tokenize is exported for onnxruntime alone, with a
-one-line note that says why and what to train instead."""
+"""The JavaScript route of `nmt export --format onnx`: transformers.js in Node
+(`pipeline('translation')`, local files only) translates the export of a trained SentencePiece
+model as `nmt translate --beam 1` does, and its int8 graphs (dtype q8) mostly as the float32 ones;
+a model whose text JavaScript cannot tokenize is exported for onnxruntime alone, with a one-line
+note that says why and what to train instead."""
 
 import pytest
 from conftest import cli, run_transformers_js, tiny_checkpoint
