@@ -286,19 +286,19 @@ def import_model(source: Path, output: Path, **options: Any) -> None:
               help="Checkpoint to export.")
 @config_options(ExportConfig)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-              help="Directory (ctranslate2, transformers, onnx) or .safetensors file.")
+              help="Directory (ctranslate2, transformers, onnx, web) or .safetensors file.")
 @config_options(CardConfig)
 @click.option("--eval", "evaluations", nargs=2, multiple=True, metavar="SRC REF",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="transformers: translate SRC and score it against REF (sacreBLEU's BLEU and chrF) for the model "
                    "card (repeatable).")
 def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...], **options: Any) -> None:
-    """Export to CTranslate2, ONNX or transformers.
+    """Export to CTranslate2, ONNX, transformers or a page.
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them (or one safetensors
     file)."""
     from nmt_cli.files import destination
-    from nmt_cli.model.checkpoint import load, load_bundle, save_safetensors
+    from nmt_cli.interop.exporter import export_model
 
     config = build(ExportConfig, **fields_of(ExportConfig, options))
     card = fields_of(CardConfig, options)
@@ -306,28 +306,10 @@ def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...]
         flag = "--eval" if given[0] == "evaluations" else flag_name(CardConfig.__dataclass_fields__[given[0]])
         raise click.UsageError(f"{flag} applies only to --format transformers")
     output = destination(output, "export", inputs=[model, *filter(None, [config.shortlist]), *sum(evaluations, ())])
-    if config.format == "safetensors":
-        if output.suffix != ".safetensors":
-            raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
-        save_safetensors(load(model), output)
-    elif config.format == "onnx":
-        from nmt_cli.interop.export_onnx import save_onnx
-
-        if (note := save_onnx(load_bundle(model), output, config.quantization)) is not None:
-            click.echo(note, err=True)
-    elif config.format == "transformers":
-        from nmt_cli.interop.card import evaluate
-        from nmt_cli.interop.export_transformers import save_transformers
-
-        save_transformers(load(model), model, output, build(CardConfig, **card),
-                          [evaluate(model, *pair) for pair in evaluations])
-    else:
-        from nmt_cli.decode.shortlist import Shortlist
-        from nmt_cli.interop.export_ctranslate2 import save_ctranslate2
-
-        bundle = load_bundle(model)
-        save_ctranslate2(bundle, output, config.quantization,
-                         config.shortlist and Shortlist.load(config.shortlist, bundle))
+    if config.format == "safetensors" and output.suffix != ".safetensors":
+        raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
+    if (note := export_model(model, output, config, build(CardConfig, **card), evaluations)) is not None:
+        click.echo(note, err=True)
     click.echo(f"exported {model} to {output} ({config.format})", err=True)
 
 

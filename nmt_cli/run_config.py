@@ -138,10 +138,12 @@ class ServeConfig(Options):
     threads: int | None = threads_knob()
 
 
-EXPORT_FORMATS = ("ctranslate2", "transformers", "onnx", "safetensors")
+EXPORT_FORMATS = ("ctranslate2", "transformers", "onnx", "web", "safetensors")
 CT2_QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")
 _CTRANSLATE2 = (lambda c: c.format == "ctranslate2", "to --format ctranslate2")
-_QUANTIZED = (lambda c: c.format in ("ctranslate2", "onnx"), "to --format ctranslate2 or onnx")
+_QUANTIZED = (lambda c: c.format in ("ctranslate2", "onnx", "web"), "to --format ctranslate2, onnx or web")
+_WEB = (lambda c: c.format == "web", "to --format web")
+EXISTING_DIR = {"exists": True, "file_okay": False}
 
 
 @dataclass(frozen=True)
@@ -152,16 +154,18 @@ class ExportConfig(Options):
     format: str = knob(MISSING, "ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a "
                        "Hugging Face MarianMTModel directory with its tokenizer and a model card (needs transformers; "
                        "SentencePiece models); onnx: ONNX graphs of the encoder and the decoder's cached step, for "
-                       "onnxruntime (needs onnx and onnxscript); safetensors: one file.", choices=EXPORT_FORMATS)
+                       "onnxruntime and transformers.js (needs onnx and onnxscript); web: a static page that "
+                       "translates in the browser (SentencePiece models); safetensors: one file.",
+                       choices=EXPORT_FORMATS)
     quantization: str = knob("float32", "ctranslate2: store the weights in this type (--quantize int8 as "
                              "`nmt translate` and `nmt serve` spell it); onnx: int8 adds int8 copies of the graphs "
-                             "(*_quantized.onnx).", choices=CT2_QUANTIZATIONS,
+                             "(*_quantized.onnx); web: the page runs those.", choices=CT2_QUANTIZATIONS,
                              only_if=_QUANTIZED, flags=["--quantize", "--quantization"])
     shortlist: Path | None = knob(None, "ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map "
                                   "(use_vmap=True).", path=EXISTING_FILE, only_if=_CTRANSLATE2)
-
-
-EXISTING_DIR = {"exists": True, "file_okay": False}
+    transformers_js: Path | None = knob(None, "web: the npm install of transformers.js to copy into the page "
+                                        "(node_modules/@huggingface/transformers; default: $NMT_TRANSFORMERS_JS).",
+                                        path=EXISTING_DIR, only_if=_WEB)
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,8 @@ def vocabulary_map(shortlist: Shortlist, bundle: ModelBundle) -> str:
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
                 "target_vocabulary.json", "bpe.codes", "spm.model", "nmt-cli.json", "model.safetensors",
                 "generation_config.json", "source.spm", "target.spm", "vocab.json", "target_vocab.json",
-                "spm.target.model", "tokenizer_config.json", "tokenizer.json", "README.md", "LICENSE", "vmap.txt", "onnx"}
+                "spm.target.model", "tokenizer_config.json", "tokenizer.json", "README.md", "LICENSE", "vmap.txt",
+                "onnx", "index.html", "model", "vendor"}
 
 
 def _check_destination(out: Path) -> None:

@@ -226,33 +226,34 @@ def save_onnx(bundle: ModelBundle, out: Path, quantization: str = "float32") -> 
     """The ONNX export of `bundle` at `out` (a directory, written whole or not at all), with int8
     copies of the graphs where `quantization` is int8; returns a note of why it has no
     tokenizer.json for the JavaScript routes, if it has none."""
-    if quantization not in ("float32", "int8"):
-        raise NmtError(f"--format onnx: --quantize float32 or int8 (onnxruntime's dynamic quantization), "
-                       f"not {quantization}")
+    refusal = javascript_refusal(bundle)
+    write_export(out, lambda tmp: write_onnx(bundle, tmp, quantization, tokenizer=refusal is None))
+    if refusal is None:
+        return None
+    return f"note: {out} is for onnxruntime with nmt's tokenizer (nmt-cli.json), not transformers.js: {refusal}"
+
+
+def write_onnx(bundle: ModelBundle, folder: Path, quantization: str, tokenizer: bool) -> None:
+    """The export's files into `folder`: the graphs (and their int8 copies), the model's and the
+    search's settings, the vocabularies, the text pipeline's files and (`tokenizer`) tokenizer.json."""
     try:
         import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
     except ImportError:
         raise NmtError("--format onnx needs onnx and onnxscript: pip install 'nmt-cli[export]'") from None
-    refusal = javascript_refusal(bundle)
-
-    def write(tmp: Path) -> None:
-        (tmp / "onnx").mkdir()
-        export_graphs(bundle.model, tmp / "onnx")
-        if quantization == "int8":
-            quantize_graphs(tmp / "onnx")
-        vocabularies(bundle, tmp)
-        write_json(tmp / "config.json", model_config(bundle))
-        write_json(tmp / "generation_config.json",
-                   {**generation_config(dict, bundle), "decoder_start_token_id": BOS_ID})  # as model_config's
-        if refusal is None:
-            write_json(tmp / "tokenizer.json", tokenizer_json(bundle))
-            write_json(tmp / "tokenizer_config.json", tokenizer_config(bundle))
-        text_files(bundle, tmp)
-
-    write_export(out, write)
-    if refusal is None:
-        return None
-    return f"note: {out} is for onnxruntime with nmt's tokenizer (nmt-cli.json), not transformers.js: {refusal}"
+    if quantization not in ("float32", "int8"):
+        raise NmtError(f"--quantize float32 or int8 (onnxruntime's dynamic quantization), not {quantization}")
+    (folder / "onnx").mkdir()
+    export_graphs(bundle.model, folder / "onnx")
+    if quantization == "int8":
+        quantize_graphs(folder / "onnx")
+    vocabularies(bundle, folder)
+    write_json(folder / "config.json", model_config(bundle))
+    write_json(folder / "generation_config.json",
+               {**generation_config(dict, bundle), "decoder_start_token_id": BOS_ID})  # as model_config's
+    if tokenizer:
+        write_json(folder / "tokenizer.json", tokenizer_json(bundle))
+        write_json(folder / "tokenizer_config.json", tokenizer_config(bundle))
+    text_files(bundle, folder)
 
 
 def model_config(bundle: ModelBundle) -> dict[str, Any]:
