@@ -34,8 +34,8 @@ INSTALL = f"npm install --ignore-scripts @huggingface/transformers@{TRANSFORMERS
 VENDORED = {"transformers": ["dist/transformers.min.js", "LICENSE", "package.json"],
             "onnxruntime-web": ["dist/ort-wasm-simd-threaded.jsep.mjs", "dist/ort-wasm-simd-threaded.jsep.wasm",
                                 "package.json"]}
-# The graphs a page leaves out: transformers.js runs the merged decoder.
-UNUSED_GRAPHS = ("decoder_model", "decoder_with_past_model")
+# The graphs the page loads (of the precision it runs): transformers.js runs the merged decoder.
+LOADED_GRAPHS = ("encoder_model", "decoder_model_merged")
 
 
 def save_web(bundle: ModelBundle, out: Path, quantization: str, transformers_js: Path | None) -> None:
@@ -48,8 +48,9 @@ def save_web(bundle: ModelBundle, out: Path, quantization: str, transformers_js:
     def write(tmp: Path) -> None:
         (tmp / "model").mkdir()
         write_onnx(bundle, tmp / "model", quantization, tokenizer=True)
+        suffix = "_quantized" if quantization == "int8" else ""
         for graph in (tmp / "model" / "onnx").iterdir():
-            if graph.stem.removesuffix("_quantized") in UNUSED_GRAPHS:
+            if graph.stem not in (f"{name}{suffix}" for name in LOADED_GRAPHS):
                 graph.unlink()
         (tmp / "vendor").mkdir()
         for package, folder in packages.items():

@@ -30,6 +30,8 @@ def test_the_page_translates_in_the_browser_as_nmt_does(exported, transformers_j
     result = cli("export", "-m", model, "--format", "web", "-o", tmp_path / "web", "--transformers-js",
                  transformers_js.parents[1])
     assert result.exit_code == 0, result.output
+    graphs = sorted(graph.name for graph in (tmp_path / "web/model/onnx").iterdir())
+    assert graphs == ["decoder_model_merged.onnx", "encoder_model.onnx"]  # what the page loads, no more
     expected = cli("translate", "-m", model, "--beam", 1, input="\n".join(lines) + "\n").stdout.splitlines()
     handler = functools.partial(Quiet, directory=str(tmp_path / "web"))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
