@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from importlib import resources
 from pathlib import Path
 
 from nmt_cli.errors import NmtError
@@ -26,6 +25,7 @@ from nmt_cli.interop.export_ctranslate2 import write_export
 from nmt_cli.interop.export_onnx import write_onnx
 from nmt_cli.interop.tokenizer_json import javascript_refusal
 from nmt_cli.model.checkpoint import ModelBundle
+from nmt_cli.pages import page
 
 TRANSFORMERS_JS = "4.3.2"  # the version the page is tested with (tests/interop/test_export_web.py)
 INSTALL = f"npm install --ignore-scripts @huggingface/transformers@{TRANSFORMERS_JS}"
@@ -60,9 +60,8 @@ def save_web(bundle: ModelBundle, out: Path, quantization: str, transformers_js:
                                                                  f"{file.stem}.{package}{file.suffix}"))
         settings = {"pair": f"{bundle.text.source_lang} → {bundle.text.target_lang}",
                     "dtype": "q8" if quantization == "int8" else "fp32"}
-        page = resources.files("nmt_cli.interop").joinpath("web.html").read_text(encoding="utf-8")
-        (tmp / "index.html").write_text(page.replace("SETTINGS", json.dumps(settings, ensure_ascii=False)),
-                                        encoding="utf-8")
+        html = page("nmt_cli.interop", "web.html").replace("SETTINGS", json.dumps(settings, ensure_ascii=False))
+        (tmp / "index.html").write_text(html, encoding="utf-8")
 
     write_export(out, write)
 

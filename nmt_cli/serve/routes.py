@@ -15,7 +15,6 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 from fastapi import Request
@@ -28,6 +27,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.records import Translation
 from nmt_cli.errors import NmtError
+from nmt_cli.pages import page
 from nmt_cli.run_config import ServeConfig
 from nmt_cli.serve.access import Keys, RateLimit, bearer, is_open
 from nmt_cli.serve.batcher import Batcher, RequestTooLarge, ShuttingDown
@@ -270,7 +270,7 @@ def create_app(service: Service) -> FastAPIOffline:
     app.add_api_route("/config", model_config, responses={400: {"model": ErrorResponse}})
     app.add_api_route("/metrics", prometheus, include_in_schema=False)
     app.state.service = service
-    app.state.page = (resources.files("nmt_cli.serve") / "page.html").read_text(encoding="utf-8")
+    app.state.page = page("nmt_cli.serve", "page.html")
     app.state.paths = {route.path for route in app.routes}  # the label of a request to any other path: "other"
     app.middleware("http")(guard)
     app.add_middleware(BodyCap, limit=service.config.max_body_bytes)  # outside the guard: its body reads too
