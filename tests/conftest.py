@@ -370,9 +370,6 @@ def exported(request, tmp_path_factory):
     return tmp, bundle, sources
 
 
-TRANSFORMERS_JS = "4.3.2"  # @huggingface/transformers from npm, for the JavaScript routes' tests
-
-
 @pytest.fixture(scope="session")
 def transformers_js() -> Path:
     """transformers.js's Node module, installed from npm once into a cache folder (NMT_NODE_CACHE,
@@ -382,6 +379,8 @@ def transformers_js() -> Path:
     into a folder of their own and the first to finish is kept."""
     import shutil
     import tempfile
+
+    from nmt_cli.interop.export_web import TRANSFORMERS_JS  # the version the page is made for
 
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("needs Node.js and npm (the JavaScript routes' tests run transformers.js)")

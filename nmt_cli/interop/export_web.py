@@ -27,7 +27,7 @@ from nmt_cli.interop.tokenizer_json import javascript_refusal
 from nmt_cli.model.checkpoint import ModelBundle
 from nmt_cli.pages import page
 
-TRANSFORMERS_JS = "4.3.2"  # the version the page is tested with (tests/interop/test_export_web.py)
+TRANSFORMERS_JS = "4.3.2"  # the version the page is tested with (tests/interop/test_javascript_routes.py)
 INSTALL = f"npm install --ignore-scripts @huggingface/transformers@{TRANSFORMERS_JS}"
 # What the page takes from each package (onnxruntime-web's JavaScript and WebAssembly of one build),
 # and what says its version and licence (onnxruntime-web's, MIT, is in its package.json alone).

@@ -1,4 +1,4 @@
-// transformers.js in Node over an `nmt export --format onnx` folder, for tests/interop/test_transformers_js.py.
+// transformers.js in Node over an `nmt export --format onnx` folder, for tests/interop/test_javascript_routes.py.
 // stdin: {"module": the path of transformers.js's transformers.node.mjs, "model": the export's folder,
 //         "lines": [...], "dtype": "fp32" or "q8", "generate": generate()'s options, "translate": false for ids only}
 // stdout: {"ids": each line's token ids from tokenizer.json, "translations": greedy search's lines}
