@@ -10,8 +10,9 @@ the vocabulary, past its last id, and the exported encoder reads it as <unk>, as
 normalizer is SentencePiece's own table (`Precompiled`: transformers.js applies NFKC in its
 place), spaces collapsed and trimmed as SentencePiece does, then the `▁` word boundaries.
 
-The JavaScript routes take one tokenizer for both sides, and one line's text only:
-`javascript_refusal` says, in one line, why a model cannot have one and what to train instead.
+A multilingual model's >>code<< tokens are matched whole, as nmt splits them off a line's start.
+The JavaScript routes take one tokenizer for both sides: `javascript_refusal` says, in one line,
+why a model cannot have one and what to train instead.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ def javascript_refusal(bundle: ModelBundle) -> str | None:
     if config.d_k != config.d_model // config.heads or config.d_v != config.d_k:
         return (f"its heads are {config.d_k} wide, and transformers.js shapes an empty past d_model / heads = "
                 f"{config.d_model // config.heads} wide")
-    if text.language_codes:
-        return "its sources begin with >>code<< tokens, which its tokenizer.json would split into pieces"
     if _proto(bundle.pieces("source")).trainer_spec.model_type != UNIGRAM:
         return ("its SentencePiece model is not a unigram model: preprocess with --sentencepiece-type unigram "
                 "for the JavaScript routes")
@@ -74,7 +73,7 @@ def tokenizer_json(bundle: ModelBundle) -> dict[str, Any]:
     return {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for i, token in enumerate(SPECIALS)],
+                          "normalized": False, "special": i < len(SPECIALS)} for i, token in added(bundle)],
         "normalizer": {"type": "Sequence", "normalizers": normalizers},
         "pre_tokenizer": metaspace,
         "post_processor": {"type": "TemplateProcessing",
@@ -85,6 +84,13 @@ def tokenizer_json(bundle: ModelBundle) -> dict[str, Any]:
         "decoder": metaspace,
         "model": {"type": "Unigram", "unk_id": UNK_ID, "vocab": vocab, "byte_fallback": False},
     }
+
+
+def added(bundle: ModelBundle) -> list[tuple[int, str]]:
+    """The tokens matched whole before SentencePiece, with their ids: the specials, and a
+    multilingual model's target-language codes (>>code<<, which nmt splits off a line's start)."""
+    ids = {token: i for i, token in enumerate(bundle.src_vocab.tokens)}
+    return [*enumerate(SPECIALS), *((ids[code], code) for code in bundle.language_codes)]
 
 
 def tokenizer_config(bundle: ModelBundle) -> dict[str, Any]:

@@ -1,12 +1,21 @@
 """tokenizer.json (interop/tokenizer_json.py): Hugging Face's tokenizers in Python and transformers.js
 in Node encode text into the ids `nmt translate` gives it, on Multi30k and on text that
-SentencePiece normalizes; models whose text no tokenizer.json can carry are refused in one line."""
+SentencePiece normalizes, for a model trained here and for imported OPUS-MT releases (a
+multilingual one's >>code<< too); models whose text no tokenizer.json can carry are refused in
+one line."""
 
 import dataclasses
 import json
 
 import pytest
-from conftest import multi30k_lines, run_transformers_js, tiny_checkpoint, tiny_sentencepiece_checkpoint
+from conftest import (
+    cli,
+    multi30k_lines,
+    opus_mt_release,
+    run_transformers_js,
+    tiny_checkpoint,
+    tiny_sentencepiece_checkpoint,
+)
 
 from nmt_cli.decode.pipeline import TextPipeline
 from nmt_cli.interop.tokenizer_json import javascript_refusal, tokenizer_config, tokenizer_json
@@ -66,6 +75,33 @@ def test_transformers_js_encodes_as_nmt_does(bundle, transformers_js, tmp_path):
     assert [as_nmt_reads(row, bundle) for row in ids] == nmt_ids(bundle, LINES)
 
 
+@pytest.fixture(scope="module", params=[(), (">>fra<<", ">>por<<")], ids=["bilingual", "multilingual"])
+def release(request, tmp_path_factory) -> ModelBundle:
+    """An imported OPUS-MT release (en-mg's SentencePiece models and vocabulary, random weights), with
+    target-language codes or without."""
+    tmp = tmp_path_factory.mktemp("release")
+    opus_mt_release(tmp / "release", codes=request.param)
+    assert cli("import", tmp / "release", "-o", tmp / "m.pt").exit_code == 0
+    return load_bundle(tmp / "m.pt")
+
+
+def test_an_imported_release_encodes_as_nmt_does(release, transformers_js, tmp_path):
+    lines = multi30k_lines(200, "en", "val") + ODD
+    codes = release.language_codes
+    if codes:  # a multilingual model's lines begin with their target language
+        lines = [f"{codes[n % len(codes)]} {line}" for n, line in enumerate(lines)]
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer.from_str(json.dumps(tokenizer_json(release)))
+    expected = nmt_ids(release, lines)
+    assert [as_nmt_reads(tokenizer.encode(line).ids, release) for line in lines] == expected
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(release)))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(release)))
+    ids = run_transformers_js(transformers_js, folder, lines, translate=False)["ids"]
+    assert [as_nmt_reads(row, release) for row in ids] == expected
+
+
 def test_sources_without_eos_end_without_it(bundle):
     config = bundle.model.config.replace(source_eos=False)
     model = type(bundle.model)(config, len(bundle.src_vocab), len(bundle.tgt_vocab), 0, True)
@@ -76,10 +112,8 @@ def test_sources_without_eos_end_without_it(bundle):
 def test_what_no_tokenizer_json_can_carry_is_refused_in_one_line(bundle, tmp_path):
     words = load_bundle(tiny_checkpoint(tmp_path / "w.pt"))
     separate = dataclasses.replace(bundle, tgt_vocab=Vocabulary(list(reversed(bundle.tgt_vocab.tokens[4:]))))
-    coded = dataclasses.replace(bundle, text=dataclasses.replace(bundle.text, language_codes=True))
     bpe = dataclasses.replace(bundle, sentencepiece=learn_sentencepiece(multi30k_lines(500), 300, "bpe"))
-    reasons = {"whitespace tokens": words, "--separate-dictionaries": separate, ">>code<<": coded,
-               "--sentencepiece-type unigram": bpe}
+    reasons = {"whitespace tokens": words, "--separate-dictionaries": separate, "--sentencepiece-type unigram": bpe}
     for words, refused in reasons.items():
         refusal = javascript_refusal(refused)
         assert refusal is not None and words in refusal and "\n" not in refusal
