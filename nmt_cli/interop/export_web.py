@@ -60,7 +60,8 @@ def save_web(bundle: ModelBundle, out: Path, quantization: str, transformers_js:
                                                                  f"{file.stem}.{package}{file.suffix}"))
         settings = {"pair": f"{bundle.text.source_lang} → {bundle.text.target_lang}",
                     "dtype": "q8" if quantization == "int8" else "fp32"}
-        html = page("nmt_cli.interop", "web.html").replace("SETTINGS", json.dumps(settings, ensure_ascii=False))
+        text = json.dumps(settings, ensure_ascii=False).replace("<", "\\u003c")  # nothing in it ends the script
+        html = page("nmt_cli.interop", "web.html").replace("SETTINGS", text)
         (tmp / "index.html").write_text(html, encoding="utf-8")
 
     write_export(out, write)
@@ -82,8 +83,7 @@ def vendored_packages(transformers_js: Path | None) -> dict[str, Path]:
         if missing:
             raise NmtError(f"--transformers-js {given}: {folder / missing[0]} is missing (not an npm install of "
                            f"transformers.js? `{INSTALL}`)")
-    version = json.loads((given / "package.json").read_text(encoding="utf-8")).get("version") \
-        if (given / "package.json").is_file() else None
+    version = json.loads((given / "package.json").read_text(encoding="utf-8")).get("version")
     if version != TRANSFORMERS_JS:
         raise NmtError(f"--transformers-js {given}: transformers.js {version}, and the page is made for "
                        f"{TRANSFORMERS_JS}: `{INSTALL}`")

@@ -105,4 +105,7 @@ def test_the_page_needs_a_model_javascript_can_tokenize_and_transformers_js(tmp_
                  tmp_path / "web")
     assert pieces.exit_code != 0 and "npm install --ignore-scripts @huggingface/transformers@" in pieces.output
     assert len(pieces.output.strip().splitlines()) == 1 and not (tmp_path / "web").exists()
+    empty = cli("export", "-m", tmp_path / "pieces.pt", "--format", "web", "-o", tmp_path / "web", "--transformers-js",
+                tmp_path)
+    assert empty.exit_code != 0 and "transformers.min.js is missing" in empty.output
 
