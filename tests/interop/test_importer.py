@@ -327,6 +327,20 @@ def test_a_model_that_starts_from_eos_exports_and_imports_as_generate_runs_it(re
 
 
 @pytest.mark.slow
+def test_an_output_cut_at_the_limit_exports_and_imports_as_it_was(released, tmp_path):
+    """A release without a forced </s> (`--at-limit cut`): the export forces none and lets
+    generate() stop after the limit's tokens, so the import reads the same search back."""
+    checkpoint = ckpt.load(released[0] / "imported.pt")
+    checkpoint["released"]["search"].update(at_limit="cut", max_len_b=511)
+    ckpt.save(checkpoint, tmp_path / "cut.pt")
+    assert cli("export", "-m", tmp_path / "cut.pt", "--format", "transformers", "-o", tmp_path / "hf").exit_code == 0
+    generation = json.loads((tmp_path / "hf/generation_config.json").read_text())
+    assert generation.get("forced_eos_token_id") is None and generation["max_length"] == 512  # the start + 511
+    import_model(tmp_path / "hf", tmp_path / "again.pt")
+    assert ckpt.load(tmp_path / "again.pt")["released"]["search"] == checkpoint["released"]["search"]
+
+
+@pytest.mark.slow
 def test_a_trained_model_exported_and_imported_translates_as_it_did(exported, tmp_path):
     tmp, bundle, sources = exported
     import_model(tmp / "hf", tmp_path / "imported.pt")
