@@ -1,10 +1,13 @@
 """What several test modules build: tiny random Transformers (for the model's tests and for the
 search's), token batches, the search's source and prefix tensors, a tiny training run, an
 engine of a checkpoint, `nmt translate` run in this process, and the search written out plainly
-(`reference_beam_search`, the oracle of search.py's batched one)."""
+(`reference_beam_search`, the oracle of search.py's batched one), and an ONNX export's graphs
+in onnxruntime with greedy search over them as a caller writes it (`OnnxGraphs`)."""
 
 import math
+from pathlib import Path
 
+import numpy as np
 import torch
 from click.testing import CliRunner
 
@@ -200,3 +203,56 @@ def reference_beam_search(models, src, config, columns=None, max_positions=SEARC
                 len(finished) >= config.nbest and live[0][0] / penalty(limit + 1) <= best[-config.nbest]):
             break
     return sorted(finished, key=lambda f: -f[0])[: config.nbest]
+
+
+# ---------------------------------------------------------------------------- ONNX
+
+
+class OnnxGraphs:
+    """Graphs of an `nmt export --format onnx` folder in onnxruntime on the CPU: `names` (by default
+    those greedy search runs), `suffix` "_quantized" for the int8 copies, `threads` its threads (by
+    default its own choice)."""
+
+    GREEDY = ("encoder_model", "decoder_model", "decoder_with_past_model")
+
+    def __init__(self, folder: Path, suffix: str = "", threads: int | None = None, names: tuple[str, ...] = GREEDY):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        self.folder = folder
+        self.sessions = {name: onnxruntime.InferenceSession(str(folder / "onnx" / f"{name}{suffix}.onnx"), options,
+                                                            providers=["CPUExecutionProvider"]) for name in names}
+
+    def run(self, name: str, **feeds: np.ndarray) -> dict[str, np.ndarray]:
+        """Graph `name`'s outputs by name."""
+        session = self.sessions[name]
+        return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+    def encode(self, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The encoder's output and the attention mask of padded sources (with </s> where the model's end with it)."""
+        mask = (src != PAD_ID).astype(np.int64)
+        return self.run("encoder_model", input_ids=src, attention_mask=mask)["last_hidden_state"], mask
+
+    def greedy(self, src: np.ndarray, limits: list[int], banned: list[int]) -> list[list[int]]:
+        """Each source's greedy output, </s> left out, at most its limit of tokens, never a `banned`
+        one: the first step, then each from the last step's presents."""
+        memory, mask = self.encode(src)
+        tokens = np.full((src.shape[0], 1), BOS_ID, np.int64)
+        out = self.run("decoder_model", input_ids=tokens, encoder_attention_mask=mask, encoder_hidden_states=memory)
+        outputs, done, limit = [[] for _ in limits], np.zeros(len(limits), bool), np.array(limits)
+        for step in range(max(limits)):
+            logits = out["logits"][:, -1]
+            logits[:, banned] = -np.inf
+            tokens = logits.argmax(-1)[:, None]
+            for k in np.flatnonzero(~done & (tokens[:, 0] != EOS_ID)):
+                outputs[k].append(int(tokens[k, 0]))
+            done |= (tokens[:, 0] == EOS_ID) | (step + 1 >= limit)
+            if done.all():
+                break
+            past = {name.replace("present", "past_key_values"): value for name, value in out.items()
+                    if name.startswith("present")}
+            out = {**out, **self.run("decoder_with_past_model", input_ids=tokens, encoder_attention_mask=mask,
+                                     **past)}
+        return outputs

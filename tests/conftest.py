@@ -3,11 +3,12 @@ into the repository; where it is absent (a fresh clone on a user's machine), Mul
 once as users get it (data/get_multi30k.sh) into the user's cache, and the tests that need what
 cannot be had are skipped, saying why."""
 
+import contextlib
 import functools
 import importlib.util
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -511,6 +512,26 @@ def request(url: str, body: object = None) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+@contextlib.contextmanager
+def static_server(folder: Path) -> Iterator[str]:
+    """`folder` served by a static HTTP server on 127.0.0.1 (a free port), quietly, while in the
+    block; yields its origin (http://127.0.0.1:PORT/)."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
 
 
 def serving(tmp_path: Path, *options, model: Path | str | None = None, device: str = "cpu",

@@ -115,14 +115,14 @@ def marian_config(config_class: Any, bundle: ModelBundle) -> Any:
         activation_function=HF_ACTIVATIONS[config.activation],
         dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=config.relu_dropout,
         pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
-        decoder_start_token_id=start_row(config.decoder_start), forced_eos_token_id=forced_eos(bundle),
-        tie_word_embeddings=config.tied_output)
+        decoder_start_token_id=start_row(config.decoder_start),
+        forced_eos_token_id=forced_eos(SearchConfig(**bundle.released.search)), tie_word_embeddings=config.tied_output)
 
 
-def forced_eos(bundle: ModelBundle) -> int | None:
+def forced_eos(search: SearchConfig) -> int | None:
     """</s> at the length limit, as generate() forces it (`--at-limit free`, and `scored`, which it
     cannot express), or none: an output cut at the limit (`--at-limit cut`, a release's without)."""
-    return None if SearchConfig(**bundle.released.search).at_limit == "cut" else EOS_ID
+    return None if search.at_limit == "cut" else EOS_ID
 
 
 def generate_limit(bundle: ModelBundle, search: SearchConfig) -> int:
@@ -166,8 +166,8 @@ def generation_config(config_class: Any, bundle: ModelBundle) -> Any:
     banned = banned_ids(search, bundle.never)
     return config_class(
         decoder_start_token_id=start_row(bundle.model.config.decoder_start), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID, forced_eos_token_id=forced_eos(bundle),
-        max_length=generate_limit(bundle, search) + 1 + (search.at_limit != "cut"),
+        pad_token_id=PAD_ID, forced_eos_token_id=forced_eos(search),
+        max_length=generate_limit(bundle, search) + 1 + (forced_eos(search) is not None),
         num_beams=search.beam, length_penalty=search.lenpen, early_stopping=search.stopping == "early",
         bad_words_ids=[[i] for i in banned], min_new_tokens=search.min_len or None,
         no_repeat_ngram_size=search.no_repeat_ngram_size, repetition_penalty=search.repetition_penalty)

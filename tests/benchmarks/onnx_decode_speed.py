@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,53 +25,23 @@ import onnxruntime as ort
 import torch
 from common import OurSide, decoding_arguments, timed
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/builders.py's OnnxGraphs
+from builders import OnnxGraphs  # noqa: E402
+
 from nmt_cli.decode.controls import banned_ids
 from nmt_cli.decode.engine import Engine
 from nmt_cli.decode.search import max_lengths
 from nmt_cli.interop.export_onnx import save_onnx
 from nmt_cli.run_config import RunConfig
-from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.text.vocab import EOS_ID, PAD_ID
 
 
-class Graphs:
-    """The exported encoder and decoders in onnxruntime (`suffix`: the int8 copies')."""
-
-    def __init__(self, folder: Path, suffix: str, threads: int) -> None:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        self.sessions = {name: ort.InferenceSession(str(folder / f"{name}{suffix}.onnx"), options,
-                                                    providers=["CPUExecutionProvider"])
-                         for name in ("encoder_model", "decoder_model", "decoder_with_past_model")}
-
-    def run(self, name: str, **feeds: np.ndarray) -> dict[str, np.ndarray]:
-        session = self.sessions[name]
-        return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-
-    def greedy(self, sources: list[list[int]], limits: list[int], banned: list[int], eos: bool) -> list[list[int]]:
-        """Each source's greedy output (EOS excluded), at most its limit of tokens."""
-        width = max(map(len, sources)) + eos
-        src = np.full((len(sources), width), PAD_ID, np.int64)
-        for row, ids in zip(src, sources):
-            row[:len(ids) + eos] = ids + [EOS_ID] * eos
-        mask = (src != PAD_ID).astype(np.int64)
-        memory = self.run("encoder_model", input_ids=src, attention_mask=mask)["last_hidden_state"]
-        tokens = np.full((len(sources), 1), BOS_ID, np.int64)
-        out = self.run("decoder_model", input_ids=tokens, encoder_attention_mask=mask, encoder_hidden_states=memory)
-        outputs, done, limit = [[] for _ in sources], np.zeros(len(sources), bool), np.array(limits)
-        for step in range(max(limits)):
-            logits = out["logits"][:, -1]
-            logits[:, banned] = -np.inf
-            tokens = logits.argmax(-1)[:, None]
-            for k in np.flatnonzero(~done & (tokens[:, 0] != EOS_ID)):
-                outputs[k].append(int(tokens[k, 0]))
-            done |= (tokens[:, 0] == EOS_ID) | (step + 1 >= limit)
-            if done.all():
-                break
-            past = {name.replace("present", "past_key_values"): value for name, value in out.items()
-                    if name.startswith("present")}
-            out = {**out, **self.run("decoder_with_past_model", input_ids=tokens, encoder_attention_mask=mask,
-                                     **past)}
-        return outputs
+def padded(sources: list[list[int]], eos: bool) -> np.ndarray:
+    """A batch of sources as the encoder takes them: </s> after each where the model's end with it."""
+    src = np.full((len(sources), max(map(len, sources)) + eos), PAD_ID, np.int64)
+    for row, ids in zip(src, sources):
+        row[:len(ids) + eos] = ids + [EOS_ID] * eos
+    return src
 
 
 def main() -> None:
@@ -90,7 +61,7 @@ def main() -> None:
                     "transformers_js_loads_mb": round(sum((folder / "onnx" / f"{name}{suffix}.onnx").stat().st_size
                                                           for name in ("encoder_model", "decoder_model_merged")) / 1e6,
                                                       1)}
-        graphs = Graphs(folder / "onnx", suffix, args.threads)
+        graphs = OnnxGraphs(folder, suffix, args.threads)
     if args.int8:
         options = RunConfig(search, max_tokens=args.max_tokens, quantize="int8")
         ours = dataclasses.replace(ours, engine=Engine([ours.bundle], options, torch.device("cpu")))
@@ -107,7 +78,8 @@ def main() -> None:
     start = time.perf_counter()
     for first in range(0, len(order), args.batch):
         batch = order[first:first + args.batch]
-        found = graphs.greedy([ours.sources[k] for k in batch], [limits[k] for k in batch], banned, config.source_eos)
+        found = graphs.greedy(padded([ours.sources[k] for k in batch], config.source_eos), [limits[k] for k in batch],
+                              banned)
         for k, output in zip(batch, found):
             outputs[k] = output
     seconds = time.perf_counter() - start

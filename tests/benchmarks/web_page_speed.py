@@ -11,13 +11,11 @@ one JSON line with those, the BLEU of the page's lines and how many equal `nmt t
 from __future__ import annotations
 
 import argparse
-import functools
-import http.server
 import json
 import re
 import shutil
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -26,16 +24,14 @@ import torch
 from common import SHARED
 from playwright.sync_api import expect, sync_playwright
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/conftest.py's static_server
+from conftest import static_server  # noqa: E402
+
 from nmt_cli.config import SearchConfig
 from nmt_cli.decode.engine import Engine
 from nmt_cli.interop.export_web import save_web
 from nmt_cli.model.checkpoint import load_bundle
 from nmt_cli.run_config import RunConfig
-
-
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
 
 
 def translate(page, lines: list[str]) -> float:
@@ -68,20 +64,17 @@ def main() -> None:
         folder = Path(work) / "web"
         save_web(bundle, folder, "int8" if args.int8 else "float32", args.transformers_js)
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        with sync_playwright() as playwright:
+        with static_server(folder) as origin, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
             page = browser.new_page()
             start = time.perf_counter()
-            page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+            page.goto(origin)
             expect(page.locator("#go")).to_be_enabled(timeout=300_000)
             loaded = time.perf_counter() - start
             first = translate(page, lines[:1])  # the time to a first translation: loading, then one line
             seconds = translate(page, lines)
             found = page.locator("#target").inner_text().split("\n")
             browser.close()
-        server.shutdown()
     print(json.dumps({"benchmark": "web_page_speed", "model": str(args.model), "int8": args.int8,
                       "lines": len(lines), "folder_mb": round(size / 1e6, 1), "load_s": round(loaded, 2),
                       "first_line_s": round(first, 2), "first_translation_s": round(loaded + first, 2),

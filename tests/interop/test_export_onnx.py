@@ -13,59 +13,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from builders import reference_beam_search
-from conftest import cli, multi30k_lines
+from builders import OnnxGraphs, reference_beam_search
+from conftest import cli, multi30k_lines, tiny_checkpoint
 
 from nmt_cli.decode.translator import Translator
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 ONMT = Path(__file__).resolve().parent.parent / "fixtures" / "onmt" / "spm"
 
 
-class Graphs:
-    """The exported graphs in onnxruntime, and the logits of (source, target prefix) from them:
-    a model for the written-out search."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.sessions = {name: ort.InferenceSession(str(folder / "onnx" / f"{name}.onnx"))
-                         for name in ("encoder_model", "decoder_model", "decoder_with_past_model",
-                                      "decoder_model_merged")}
-
-    def run(self, name: str, **feeds: np.ndarray) -> dict[str, np.ndarray]:
-        session = self.sessions[name]
-        return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-
-    def encode(self, src: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        mask = (src != PAD_ID).long().numpy()
-        return self.run("encoder_model", input_ids=src.numpy(), attention_mask=mask)["last_hidden_state"], mask
+class Graphs(OnnxGraphs):
+    """The exported graphs, and the logits of (source, target prefix) from them: a model for the
+    written-out search."""
 
     def __call__(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        memory, mask = self.encode(src)
+        memory, mask = self.encode(src.numpy())
         out = self.run("decoder_model", input_ids=tgt.numpy(), encoder_attention_mask=mask,
                        encoder_hidden_states=memory)
         return torch.from_numpy(out["logits"])
-
-    def greedy(self, src: torch.Tensor, limit: int, banned: list[int]) -> list[list[int]]:
-        """As a caller of the graphs writes it: the first step, then each from the last's presents;
-        never a `banned` token."""
-        memory, mask = self.encode(src)
-        tokens = np.full((src.size(0), 1), BOS_ID)
-        out = self.run("decoder_model", input_ids=tokens, encoder_attention_mask=mask, encoder_hidden_states=memory)
-        found = []
-        for _ in range(limit):
-            logits = out["logits"][:, -1]
-            logits[:, banned] = -np.inf
-            tokens = logits.argmax(-1)[:, None]
-            found.append(tokens[:, 0])
-            past = {name.replace("present", "past_key_values"): value for name, value in out.items()
-                    if name.startswith("present")}
-            out = {**out, **self.run("decoder_with_past_model", input_ids=tokens, encoder_attention_mask=mask,
-                                     **past)}
-        rows = np.stack(found, 1).tolist()
-        return [row[:row.index(EOS_ID)] if EOS_ID in row else row for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +43,7 @@ def exported(tmp_path_factory) -> tuple[Path, Graphs]:
                ONMT / "spm.model").exit_code == 0
     result = cli("export", "-m", model, "--format", "onnx", "-o", tmp / "onnx-export")
     assert result.exit_code == 0, result.output
-    return model, Graphs(tmp / "onnx-export")
+    return model, Graphs(tmp / "onnx-export", names=(*Graphs.GREEDY, "decoder_model_merged"))
 
 
 def sources_of(model: Path) -> tuple[Translator, torch.Tensor]:
@@ -102,8 +69,8 @@ def test_the_graphs_give_the_models_logits(exported):
     assert (graphs(src, tgt) - theirs).abs().max() < 1e-4  # a prefix at once
     lacked, unknown = src.clone(), src.clone()  # an id past the vocabulary (a piece tokenizer.json has) is <unk>
     lacked[0, 0], unknown[0, 0] = len(translator.engine.pipeline.src_vocab) + 3, UNK_ID
-    assert np.array_equal(graphs.encode(lacked)[0], graphs.encode(unknown)[0])
-    memory, mask = graphs.encode(src)
+    assert np.array_equal(graphs.encode(lacked.numpy())[0], graphs.encode(unknown.numpy())[0])
+    memory, mask = graphs.encode(src.numpy())
     out = graphs.run("decoder_model", input_ids=tgt[:, :1].numpy(), encoder_attention_mask=mask,
                      encoder_hidden_states=memory)
     for t in range(tgt.size(1)):  # and step by step, each from the last step's presents
@@ -136,7 +103,7 @@ def test_searches_over_the_graphs_give_nmt_translates_lines(exported):
     greedy = dataclasses.replace(search, beam=1, max_len_a=0.0, max_len_b=limit, at_limit="cut")
     banned = [PAD_ID, BOS_ID] + ([] if search.allow_unk else [UNK_ID])
     found = translator.engine.generator.search(rows, greedy)
-    assert graphs.greedy(src, limit, banned) == [hyps[0].tokens for hyps in found]
+    assert graphs.greedy(src.numpy(), [limit] * src.size(0), banned) == [hyps[0].tokens for hyps in found]
     beam = dataclasses.replace(search, beam=4, max_len_a=0.0, max_len_b=limit)
     found = translator.engine.generator.search(rows, beam)
     for k in range(src.size(0)):
@@ -168,3 +135,10 @@ def test_the_export_says_how_to_use_it(exported):
         assert json.loads((folder / "source_vocabulary.json").read_text()) == bundle.src_vocab.tokens
         assert json.loads((folder / "target_vocabulary.json").read_text()) == bundle.tgt_vocab.tokens
     assert (folder / "nmt-cli.json").is_file()
+
+
+def test_the_graphs_are_quantized_to_int8_or_not_at_all(tmp_path):
+    result = cli("export", "-m", tiny_checkpoint(tmp_path / "m.pt"), "--format", "onnx", "--quantize", "float16", "-o",
+                 tmp_path / "onnx")
+    assert result.exit_code != 0 and "--quantize float32 or int8" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "onnx").exists()

@@ -8,14 +8,13 @@ onnxruntime alone, with a one-line note that says why and what to train instead,
 the page in one line, as the page is without transformers.js. The two routes share one trained
 model (one module: one worker trains it)."""
 
-import functools
-import http.server
 import re
 import shutil
-import threading
 
 import pytest
-from conftest import cli, run_transformers_js, tiny_checkpoint, tiny_sentencepiece_checkpoint
+from conftest import cli, run_transformers_js, static_server, tiny_checkpoint, tiny_sentencepiece_checkpoint
+
+from nmt_cli.interop.export_web import TRANSFORMERS_JS, VENDORED
 
 pytest.importorskip("onnxscript")
 
@@ -51,11 +50,6 @@ def test_a_model_of_words_exports_for_onnxruntime_with_a_note(tmp_path, monkeypa
     assert not (tmp_path / "onnx/tokenizer.json").exists() and (tmp_path / "onnx/nmt-cli.json").exists()
 
 
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("exported", ["shared"], indirect=True)
 def test_the_page_translates_in_the_browser_as_nmt_does(exported, transformers_js, tmp_path):
@@ -70,27 +64,20 @@ def test_the_page_translates_in_the_browser_as_nmt_does(exported, transformers_j
     graphs = sorted(graph.name for graph in (tmp_path / "web/model/onnx").iterdir())
     assert graphs == ["decoder_model_merged.onnx", "encoder_model.onnx"]  # what the page loads, no more
     expected = cli("translate", "-m", model, "--beam", 1, input="\n".join(lines) + "\n").stdout.splitlines()
-    handler = functools.partial(Quiet, directory=str(tmp_path / "web"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{server.server_address[1]}/"
     requests, errors = [], []
-    try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            page.on("request", lambda request: requests.append(request.url))
-            page.on("console", lambda message: message.type == "error" and errors.append(message.text))
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(origin)
-            sync_api.expect(page.locator("#go")).to_be_enabled(timeout=60000)  # the model loaded
-            page.fill("#source", "\n".join(lines))
-            page.keyboard.press("Control+Enter")
-            sync_api.expect(page.locator("#status")).to_have_text(re.compile(r"^\d+ ms$"), timeout=60000)
-            found = page.locator("#target").inner_text().split("\n")
-            browser.close()
-    finally:
-        server.shutdown()
+    with static_server(tmp_path / "web") as origin, sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.on("request", lambda request: requests.append(request.url))
+        page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(origin)
+        sync_api.expect(page.locator("#go")).to_be_enabled(timeout=60000)  # the model loaded
+        page.fill("#source", "\n".join(lines))
+        page.keyboard.press("Control+Enter")
+        sync_api.expect(page.locator("#status")).to_have_text(re.compile(r"^\d+ ms$"), timeout=60000)
+        found = page.locator("#target").inner_text().split("\n")
+        browser.close()
     assert found == expected
     assert [url for url in requests if re.match(r"(https?|wss?):", url) and not url.startswith(origin)] == []
     assert errors == []
@@ -108,4 +95,14 @@ def test_the_page_needs_a_model_javascript_can_tokenize_and_transformers_js(tmp_
     empty = cli("export", "-m", tmp_path / "pieces.pt", "--format", "web", "-o", tmp_path / "web", "--transformers-js",
                 tmp_path)
     assert empty.exit_code != 0 and "transformers.min.js is missing" in empty.output
+    package = tmp_path / "node_modules/@huggingface/transformers"  # an npm install of another version
+    for folder, files in ((package, VENDORED["transformers"]), (tmp_path / "node_modules/onnxruntime-web",
+                                                              VENDORED["onnxruntime-web"])):
+        for name in files:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text('{"version": "0.0.1"}')
+    monkeypatch.setenv("NMT_TRANSFORMERS_JS", str(package))
+    other = cli("export", "-m", tmp_path / "pieces.pt", "--format", "web", "-o", tmp_path / "web")
+    assert other.exit_code != 0 and f"transformers.js 0.0.1, and the page is made for {TRANSFORMERS_JS}" in other.output
+    assert len(other.output.strip().splitlines()) == 1 and not (tmp_path / "web").exists()
 

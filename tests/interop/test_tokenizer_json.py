@@ -66,13 +66,17 @@ def test_tokenizers_encodes_as_nmt_does(bundle):
     assert tokenizer.decode(expected[0]) == LINES[0]
 
 
-def test_transformers_js_encodes_as_nmt_does(bundle, transformers_js, tmp_path):
-    folder = tmp_path / "tokenizer"
+def transformers_js_ids(bundle: ModelBundle, lines: list[str], module, folder) -> list[list[int]]:
+    """transformers.js's ids of `lines` from the model's tokenizer files (written into `folder`), as nmt reads them."""
     folder.mkdir()
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(bundle)))
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(bundle)))
-    ids = run_transformers_js(transformers_js, folder, LINES, translate=False)["ids"]
-    assert [as_nmt_reads(row, bundle) for row in ids] == nmt_ids(bundle, LINES)
+    ids = run_transformers_js(module, folder, lines, translate=False)["ids"]
+    return [as_nmt_reads(row, bundle) for row in ids]
+
+
+def test_transformers_js_encodes_as_nmt_does(bundle, transformers_js, tmp_path):
+    assert transformers_js_ids(bundle, LINES, transformers_js, tmp_path / "tokenizer") == nmt_ids(bundle, LINES)
 
 
 @pytest.fixture(scope="module", params=[(), (">>fra<<", ">>por<<")], ids=["bilingual", "multilingual"])
@@ -94,12 +98,7 @@ def test_an_imported_release_encodes_as_nmt_does(release, transformers_js, tmp_p
     tokenizer = tokenizers.Tokenizer.from_str(json.dumps(tokenizer_json(release)))
     expected = nmt_ids(release, lines)
     assert [as_nmt_reads(tokenizer.encode(line).ids, release) for line in lines] == expected
-    folder = tmp_path / "tokenizer"
-    folder.mkdir()
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(release)))
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(release)))
-    ids = run_transformers_js(transformers_js, folder, lines, translate=False)["ids"]
-    assert [as_nmt_reads(row, release) for row in ids] == expected
+    assert transformers_js_ids(release, lines, transformers_js, tmp_path / "tokenizer") == expected
 
 
 def test_sources_without_eos_end_without_it(bundle):
