@@ -6,6 +6,7 @@ it installed: not run here; CTranslate2 is in the dev extra (for `nmt export`), 
 """
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,30 @@ def test_serve_fairness(tmp_path):
                     "--repeats", 1, "--threads", 1)
     assert result["searches_per_large_request"] >= 4  # 40 sentences, a search holding 6 of the longest
     assert result["small_alone_ms"] > 0 and result["small_behind_large_ms_worst"] > 0 and result["large_ms_median"] > 0
+
+
+@pytest.mark.slow
+def test_onnx_decode_speed(tmp_path):
+    pytest.importorskip("onnxscript")
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    ours, theirs = run("onnx_decode_speed.py", "-m", model, "-i", source, "--ref", source, "--threads", 1, "--int8")
+    assert (ours["engine"], theirs["engine"]) == ("nmt-cli", "onnxruntime") and theirs["sentences"] == 3
+    assert theirs["int8"] is True
+    assert theirs["folder_mb"] > theirs["transformers_js_loads_mb"] > 0 and 0 <= theirs["lines_equal_to_nmt"] <= 3
+
+
+@pytest.mark.slow
+def test_web_page_speed(tmp_path, transformers_js):
+    pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (the dev extra has it)")
+    if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    model = tiny_sentencepiece_checkpoint(tmp_path / "pieces.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "D E"])
+    (result,) = run("web_page_speed.py", "-m", model, "--transformers-js", transformers_js.parents[1], "-i", source,
+                    "--ref", source, "--lines", 2)
+    assert result["lines"] == 2 and result["first_translation_s"] > result["load_s"] > 0
+    assert result["sentences_per_s"] > 0 and 0 <= result["lines_equal_to_nmt"] <= 2
 
 
 @pytest.mark.slow

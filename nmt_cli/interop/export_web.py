@@ -1,7 +1,8 @@
 """`nmt export --format web`: a static folder that translates typed text in a browser tab, with no
 server behind it and nothing fetched from elsewhere:
 
-- `index.html`, the page (web.html): transformers.js's translation pipeline, greedy, a line at a time;
+- `index.html`, the page (web.html): transformers.js's translation pipeline, greedy, a line at a time,
+  within nmt's length limit (`length_limit`);
 - `model/`, the ONNX export (export_onnx.py) with the two graphs the page loads
   (`onnx/encoder_model.onnx`, `onnx/decoder_model_merged.onnx`, or their int8 copies with
   `--quantize int8`) and its tokenizer.json;
@@ -19,10 +20,13 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
+from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.export_ctranslate2 import write_export
 from nmt_cli.interop.export_onnx import write_onnx
+from nmt_cli.interop.export_transformers import forced_eos
 from nmt_cli.interop.tokenizer_json import javascript_refusal
 from nmt_cli.model.checkpoint import ModelBundle
 from nmt_cli.pages import page
@@ -59,12 +63,22 @@ def save_web(bundle: ModelBundle, out: Path, quantization: str, transformers_js:
                 shutil.copyfile(folder / file, tmp / "vendor" / (file.name if file.parent.name == "dist" else
                                                                  f"{file.stem}.{package}{file.suffix}"))
         settings = {"pair": f"{bundle.text.source_lang} → {bundle.text.target_lang}",
-                    "dtype": "q8" if quantization == "int8" else "fp32"}
+                    "dtype": "q8" if quantization == "int8" else "fp32", "limit": length_limit(bundle)}
         text = json.dumps(settings, ensure_ascii=False).replace("<", "\\u003c")  # nothing in it ends the script
         html = page("nmt_cli.interop", "web.html").replace("SETTINGS", text)
         (tmp / "index.html").write_text(html, encoding="utf-8")
 
     write_export(out, write)
+
+
+def length_limit(bundle: ModelBundle) -> dict[str, Any]:
+    """What the page needs to stop an output where `nmt translate` does (search.max_lengths): a *
+    source tokens + b, within `longest`; whether </s> is forced after it (export_transformers.forced_eos);
+    whether the tokenizer's ids of a source end with </s>."""
+    search, config = SearchConfig(**bundle.released.search), bundle.model.config
+    return {"a": search.max_len_a, "b": search.max_len_b,
+            "longest": min(config.max_positions - 1, search.max_len or config.max_positions),
+            "forced_eos": forced_eos(search) is not None, "source_eos": config.source_eos}
 
 
 def vendored_packages(transformers_js: Path | None) -> dict[str, Path]:
