@@ -88,6 +88,13 @@ def test_attention_speed():
 
 
 @pytest.mark.slow
+def test_loss_speed():
+    results = run("loss_speed.py", "--tokens", 300, "--vocab", 1000, "--rounds", 1, "--repeat", 1, "--threads", 1)
+    assert [r["way"] for r in results] == ["definition", "blocks"]  # the fused one needs a CUDA GPU
+    assert all(r["ms"] > 0 for r in results) and results[1]["loss_rel_diff"] < 1e-5
+
+
+@pytest.mark.slow
 def test_preprocess_speed(multi30k):
     *runs, speedup = run("preprocess_speed.py", "--lines", 300, "--bpe-merges", 200, "--rounds", 2)
     assert [r["workers"] for r in runs] == [1, 2, 1, 2] and all(r["train_pairs"] == 300 for r in runs)

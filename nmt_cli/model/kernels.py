@@ -2,13 +2,15 @@
 the model's modules, and tested equal to it (tests/model/test_kernels.py). The paper's model
 (transformer.py) knows none of them: `use_fast_paths` swaps its modules for the ones here, and the
 search (decode/search.py, decode/incremental.py) and the trainer (train/trainer.py) call the rest. A reader who wants
-the paper never needs this file, nor graphs.py (the search's decoder as CUDA graphs).
+the paper never needs this file, nor triton_kernels.py (GPU kernels of its own), nor graphs.py (the
+search's decoder as CUDA graphs).
 
 - `Dropout`: on the CPU, keep masks drawn four elements per 64-bit random integer.
 - `WrittenOutAttention`: eq. 1 written out where that beats the fused kernel (a search step;
   the CPU with few keys).
 - `append_position`: a search step's cache reordered and extended in one copy.
-- `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form.
+- `SmoothedCrossEntropy`: the label-smoothed loss in blocks of rows, gradient in closed form;
+  `smoothed_cross_entropy` runs it, or on a GPU triton_kernels' fused version.
 - `PackedProjection` / `search_projection`: the search's vocabulary projection packed once for oneDNN;
   `ShortlistProjection`: a shortlist's rows of it alone.
 - `top_k`: top-k through chunk maxima on the CPU.
@@ -18,6 +20,7 @@ the paper never needs this file, nor graphs.py (the search's decoder as CUDA gra
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import TypeVar
@@ -182,6 +185,26 @@ class SmoothedCrossEntropy(torch.autograd.Function):
             block.scatter_add_(-1, target[rows, None], torch.full_like(weight[rows], epsilon - 1))
             grad[rows] = block.mul_(weight[rows])
         return grad, None, None
+
+
+def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """Per-token label-smoothed loss and NLL of `logits` (tokens, V), as `SmoothedCrossEntropy`
+    defines them: on a GPU that Triton compiles for, its fused kernels (one read of the logits
+    forward, one read and one write backward); elsewhere `SmoothedCrossEntropy` itself."""
+    return (fused_loss(logits.device) or SmoothedCrossEntropy).apply(logits, target, epsilon)
+
+
+@functools.cache
+def fused_loss(device: torch.device) -> type[torch.autograd.Function] | None:
+    """triton_kernels.FusedSmoothedCrossEntropy where it runs: a CUDA GPU of compute capability 7.0
+    or later (Triton's least), with Triton installed (PyTorch's CUDA builds bring it)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (7, 0):
+        return None
+    try:
+        from nmt_cli.model.triton_kernels import FusedSmoothedCrossEntropy
+    except ImportError:
+        return None
+    return FusedSmoothedCrossEntropy
 
 
 class PackedProjection:

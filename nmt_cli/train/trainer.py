@@ -27,7 +27,7 @@ from nmt_cli.config import TrainConfig
 from nmt_cli.corpus.data import Batch, ParallelData
 from nmt_cli.device import out_of_memory
 from nmt_cli.errors import NmtError
-from nmt_cli.model.kernels import SmoothedCrossEntropy, use_fast_paths
+from nmt_cli.model.kernels import smoothed_cross_entropy, use_fast_paths
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.text.vocab import PAD_ID
 from nmt_cli.train.progress import Progress
@@ -45,7 +45,8 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple
     Smoothing follows Szegedy et al.: the target distribution is (1 - eps) on the reference
     plus eps / V on every class, so loss = (1 - eps) * NLL + eps * mean_v(-log p_v). Inside
     torch.compile it is that definition, which the compiler fuses into a few passes over the
-    logits; elsewhere kernels.SmoothedCrossEntropy, the same numbers in blocks of rows.
+    logits; elsewhere kernels.smoothed_cross_entropy, the same numbers in blocks of rows (on a GPU
+    in two fused passes).
     """
     logits, target = logits.flatten(0, -2), target.flatten()
     if torch.compiler.is_compiling():
@@ -54,7 +55,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple
         nll = -log_probs.gather(-1, target[:, None]).squeeze(-1).masked_fill(~real, 0.0)
         uniform = -log_probs.mean(-1).masked_fill(~real, 0.0)
         return ((1 - epsilon) * nll + epsilon * uniform).sum(), nll.detach().sum()
-    loss, nll = SmoothedCrossEntropy.apply(logits, target, epsilon)
+    loss, nll = smoothed_cross_entropy(logits, target, epsilon)
     return loss.sum(), nll.sum()
 
 

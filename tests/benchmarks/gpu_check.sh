@@ -6,7 +6,7 @@
 #     gpu_carry.sh puts them and the data in .gpu/)
 #   NMT_SHARED_DATA=DIR   Multi30k for the tests that read it, and for the decode stage
 #   TESTS="tests/test_gpu.py ..."   the tests stage runs these only (default: the whole suite)
-#   STAGES="tests speed compile buckets decode quickstart"   which parts to run (default: tests speed compile);
+#   STAGES="loss tests speed compile buckets decode quickstart"   which parts to run (default: tests speed compile);
 #     one or two per call keep a call within a 10-minute limit (buckets: one of COMPILE_ARCHS per call)
 #   DECODE_ARCHS="small"   the presets the decode stage trains for TRAIN_MINUTES (1.5) each (one per
 #     call keeps a call within a 10-minute limit: "base" in a second call), then decodes
@@ -32,6 +32,12 @@ STAGES=${STAGES:-tests speed compile}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/device.txt"
 
+if [[ $STAGES == *loss* ]]; then  # the label-smoothed loss alone, each way, fp32 and bf16 (half a minute)
+    for dtype in bfloat16 float32; do
+        timeout 120 python3 tests/benchmarks/loss_speed.py --device cuda --dtype $dtype 2>>"$OUT/stderr.txt" \
+            | tee -a "$OUT/loss_speed.jsonl"
+    done
+fi
 if [[ $STAGES == *speed* ]]; then
     for arch in base big; do
         timeout 150 python3 tests/benchmarks/gpu_speed.py --arch "$arch" --baseline --profile "$OUT/profile_$arch.txt" \

@@ -1,7 +1,11 @@
 """kernels.py: each fast path equals the plain torch operation or module it replaces (the
 packed projection against the plain one is in test_search.py)."""
 
+import importlib.util
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,20 +108,66 @@ def test_label_smoothed_loss_in_blocks_equals_one_block(monkeypatch):
         torch.testing.assert_close(blocks, one, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_loss_equals_the_reference(dtype, device, monkeypatch):
-    """Loss, NLL and gradient in float64, from logits in float32 or bf16 (mixed precision)."""
-    from nmt_cli.model.kernels import SmoothedCrossEntropy
-
-    monkeypatch.setitem(SmoothedCrossEntropy.BLOCK_ELEMENTS, device, 3 * 1000)  # several blocks of 3 rows
+def loss_case(dtype: torch.dtype, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (50, 1000) in `dtype`, and targets with padding among them."""
     torch.manual_seed(0)
-    logits = (torch.randn(50, 1000, device=device) * 3).to(dtype).requires_grad_()
+    logits = (torch.randn(50, 1000, device=device) * 3).to(dtype)
     target = torch.randint(4, 1000, (50,), device=device)
     target[::7] = PAD_ID
-    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    return logits, target
+
+
+INTERPRETED_LOSS = """
+import sys, torch
+from nmt_cli.model.triton_kernels import FusedSmoothedCrossEntropy
+from nmt_cli.train import trainer
+FusedSmoothedCrossEntropy.BLOCK = 256  # rows of 1,000 read in pieces of 256, the last one partial
+trainer.smoothed_cross_entropy = FusedSmoothedCrossEntropy.apply
+results = []
+for logits, target in torch.load(sys.argv[1]):
+    logits.requires_grad_()
+    loss, nll = trainer.label_smoothed_loss(logits, target, 0.1)
     loss.backward()
+    results.append((loss.detach(), nll, logits.grad))
+torch.save(results, sys.argv[1])
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted_triton_losses(tmp_path_factory) -> dict[torch.dtype, tuple[torch.Tensor, ...]]:
+    """label_smoothed_loss through triton_kernels' fused loss, its kernels run by Triton's
+    interpreter on the CPU, for each dtype's `loss_case`: loss, NLL and gradient. In a process of
+    its own, as TRITON_INTERPRET must be set before Triton is first imported."""
+    pytest.importorskip("triton", reason="Triton (tests: the dev extra on Linux x86_64)")
+    dtypes = (torch.float32, torch.bfloat16)
+    cases = tmp_path_factory.mktemp("triton") / "cases.pt"
+    torch.save([loss_case(dtype) for dtype in dtypes], cases)
+    subprocess.run([sys.executable, "-c", INTERPRETED_LOSS, str(cases)], check=True,
+                   env={**os.environ, "TRITON_INTERPRET": "1"})
+    return dict(zip(dtypes, torch.load(cases)))
+
+
+@pytest.mark.parametrize("path", ["blocks", "triton", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loss_equals_the_reference(dtype, path, monkeypatch, request):
+    """Loss, NLL and gradient in float64, from logits in float32 or bf16 (mixed precision): the
+    blocked loss on the CPU, triton_kernels' fused one in Triton's interpreter, and on a GPU
+    whichever label_smoothed_loss takes there (the fused one where Triton runs)."""
+    from nmt_cli.model.kernels import SmoothedCrossEntropy
+
+    device = "cuda" if path == "cuda" else "cpu"
+    monkeypatch.setitem(SmoothedCrossEntropy.BLOCK_ELEMENTS, device, 3 * 1000)  # several blocks of 3 rows
+    logits, target = loss_case(dtype, device)
+    if path == "triton":
+        loss, nll, grad = request.getfixturevalue("interpreted_triton_losses")[dtype]
+    else:
+        if path == "cuda" and importlib.util.find_spec("triton"):
+            assert kernels.fused_loss(logits.device) is not None  # the GPU takes the fused loss
+        logits.requires_grad_()
+        loss, nll = label_smoothed_loss(logits, target, 0.1)
+        loss.backward()
+        grad = logits.grad
     ref_logits = logits.detach().double().requires_grad_()
     lprobs = ref_logits.log_softmax(-1)
     real = target != PAD_ID
@@ -127,8 +177,7 @@ def test_the_loss_equals_the_reference(dtype, device, monkeypatch):
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
     assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-5)
     tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # the gradient is stored in the logits' precision
-    assert ((logits.grad.double() - ref_logits.grad).norm() / ref_logits.grad.norm()).item() < tolerance
-
+    assert ((grad.double() - ref_logits.grad).norm() / ref_logits.grad.norm()).item() < tolerance
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
