@@ -107,8 +107,10 @@ def test_the_search_replayed_as_cuda_graphs_finds_the_eager_hypotheses(dtype):
             assert [h.score for s in found for h in s] == pytest.approx([h.score for s in eager for h in s], abs=1e-4)
         else:  # the padded keys change bf16 roundings: the best hypotheses agree
             assert sum(a[0].tokens == b[0].tokens for a, b in zip(found, eager)) >= len(rows) - 1
-    replays = [replay for decoder in graphed.graphs[0].decoders.values() for replay in decoder.replays]
+    replays = [replay for decoder in graphed.graphs[0].decoders.values() for replay in decoder.replays.values()]
     assert replays and all(replay.__name__ == "replay" for replay in replays)  # captured, not run eagerly
+    lengths = {length for decoder in graphed.graphs[0].decoders.values() for length, _ in decoder.replays}
+    assert len(lengths) > 1  # graphs of several length buckets, captured as the search reached them
 
 
 def test_graphs_are_captured_again_after_earlier_ones_are_gone():

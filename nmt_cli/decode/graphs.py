@@ -3,10 +3,12 @@ kernel launches of a few microseconds each, which the host issues more slowly th
 them; replaying a recorded graph is one launch (`nmt translate --cuda-graphs`).
 
 A graph replays fixed kernels on fixed memory, so everything a step touches has a fixed shape
-and address (`StaticDecoder`): key/value caches of a fixed length (`StaticCache`), the position
-a device tensor, sentence slots and source keys padded, and one decoder per shape bucket
-(`DecoderGraphs`). On the CPU the same code runs eagerly (tests/decode/test_graphs.py compares it, and
-an emulation of a graph's replay, with the search on growing caches).
+and address (`StaticDecoder`): key/value caches of a fixed length (`StaticCache`), of which a step
+reads only the positions of its length bucket (a graph per bucket, so that short outputs do not
+pay for the longest), the position a device tensor, sentence slots and source keys padded, and one
+decoder per shape bucket (`DecoderGraphs`). On the CPU the same code runs eagerly
+(tests/decode/test_graphs.py compares it, and an emulation of a graph's replay, with the search
+on growing caches).
 """
 
 from __future__ import annotations
@@ -47,10 +49,10 @@ def capture(step: Callable[[], Tensor], device: torch.device, pool: tuple[int, i
 
 class StaticCache:
     """A decoder layer's self-attention keys and values in buffers of a fixed shape (rows,
-    heads, length, d), so that a step's kernels are the same at every step (a model.KeyValueCache):
-    it writes its keys and values at `position` (a device tensor) and attends over every position,
-    later ones masked. Taking the search's `rows` (a device tensor too) copies into the other of
-    two buffers (`parity`)."""
+    heads, length, d), so that a step's kernels are the same at every step of a length bucket (a
+    model.KeyValueCache): it writes its keys and values at `position` (a device tensor) and
+    attends over the bucket's first `length` positions, later ones masked. Taking the search's
+    `rows` (a device tensor too) copies those positions into the other of two buffers (`parity`)."""
 
     def __init__(self, rows: Tensor, heads: int, length: int, d_k: int, d_v: int, position: Tensor,
                  dtype: torch.dtype) -> None:
@@ -59,31 +61,36 @@ class StaticCache:
                     torch.zeros(rows.size(0), heads, length, d_v, dtype=dtype, device=position.device))
 
         self.buffers = (buffers(), buffers())
-        self.rows, self.position, self.parity = rows, position, 0
+        self.rows, self.position, self.parity, self.length = rows, position, 0, length
         self.positions = torch.arange(length, device=position.device)
 
     def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Keys and values of every position of the buffers (the search's rows of the last step's,
-        then this step's), and the mask (1, 1, 1, length) of the positions so far."""
+        """Keys and values of the bucket's positions (the search's rows of the last step's, then
+        this step's), and the mask (1, 1, 1, length) of the positions so far."""
         read, write = self.buffers[self.parity], self.buffers[1 - self.parity]
+        write = tuple(out[:, :, : self.length] for out in write)
         for past, out, new in zip(read, write, (k, v)):
-            torch.index_select(past, 0, self.rows, out=out)
+            torch.index_select(past[:, :, : self.length], 0, self.rows, out=out)
             out.index_copy_(2, self.position, new)
-        return write[0], write[1], (self.positions <= self.position).view(1, 1, 1, -1)
+        return write[0], write[1], (self.positions[: self.length] <= self.position).view(1, 1, 1, -1)
 
 
 class StaticDecoder:
     """A model's search step (`decoding.step_output`) over tensors of fixed shape, replayed by
     `capture`: `sentences` slots of `beam` decoder rows each, sources padded to `src_len` keys,
-    caches of `length` positions. A batch of fewer sentences, or one whose sentences leave the
-    search, leaves slots unused (they repeat the first sentence); the search reads the first
-    rows. It is the step's `decoding.DecoderState`."""
+    caches of `length` positions. A step at position t reads and writes only the caches' first
+    positions up to the next multiple of `BUCKET` above t (its length bucket): one graph per
+    bucket and cache parity, captured when the search first reaches it. A batch of fewer
+    sentences, or one whose sentences leave the search, leaves slots unused (they repeat the first
+    sentence); the search reads the first rows. It is the step's `decoding.DecoderState`."""
+
+    BUCKET = 16
 
     def __init__(self, model: Transformer, sentences: int, beam: int, src_len: int, length: int,
                  pool: tuple[int, int] | None) -> None:
         config, weight = model.config, model.tgt_embed.tokens.weight
         device, dtype, rows = weight.device, weight.dtype, sentences * beam
-        self.model, self.sentences = model, sentences
+        self.model, self.sentences, self.length, self.pool = model, sentences, length, pool
         self.memory_kv = [(torch.zeros(sentences, config.heads, src_len, config.d_k, dtype=dtype, device=device),
                            torch.zeros(sentences, config.heads, src_len, config.d_v, dtype=dtype, device=device))
                           for _ in range(config.decoder_layers)]
@@ -93,13 +100,25 @@ class StaticDecoder:
         self.rows, self.tokens = self.identity.clone(), torch.zeros(rows, dtype=torch.long, device=device)
         self.caches = [StaticCache(self.rows, config.heads, length, config.d_k, config.d_v, self.position, dtype)
                        for _ in range(config.decoder_layers)]
-        self.parity = 0
-        self.replays = [capture(lambda parity=parity: self._step(parity), device, pool) for parity in (0, 1)]
+        self.parity, self.steps = 0, 0
+        self.replays: dict[tuple[int, int], Callable[[], Tensor]] = {}  # (cache length, parity): the step
 
-    def _step(self, parity: int) -> Tensor:
+    def _step(self, length: int, parity: int) -> Tensor:
         for cache in self.caches:
-            cache.parity = parity
+            cache.length, cache.parity = length, parity
         return step_output(self.model, self.tokens, self)
+
+    def _replay(self, length: int, parity: int) -> Callable[[], Tensor]:
+        """The step over caches of `length` positions read from buffers `parity`, captured at its
+        first use. Capturing runs the step once: it writes only what the replay writes again, but
+        advances the position and the rows, which are put back."""
+        if (length, parity) not in self.replays:
+            position, rows = self.position.clone(), self.rows.clone()
+            self.replays[length, parity] = capture(lambda: self._step(length, parity), self.position.device,
+                                                   self.pool)
+            self.position.copy_(position)
+            self.rows.copy_(rows)
+        return self.replays[length, parity]
 
     def advance(self) -> None:
         """Called by the step itself, so it is part of what is replayed."""
@@ -111,13 +130,14 @@ class StaticDecoder:
         self._load(memory_kv, src_mask)
         self.position.zero_()
         self.rows.copy_(self.identity)
-        self.parity = 0
+        self.parity, self.steps = 0, 0
 
     def step(self, tokens: Tensor) -> Tensor:
         """The decoder's output for the next token of the search's rows `tokens`."""
         self.tokens[: tokens.size(0)] = tokens
-        out = self.replays[self.parity]()
-        self.parity = 1 - self.parity
+        length = min(-(-(self.steps + 1) // self.BUCKET) * self.BUCKET, self.length)
+        out = self._replay(length, self.parity)()
+        self.parity, self.steps = 1 - self.parity, self.steps + 1
         return out[: tokens.size(0)]
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:

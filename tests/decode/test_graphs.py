@@ -71,6 +71,7 @@ def test_the_search_on_fixed_shapes_finds_the_same_hypotheses(monkeypatch, captu
     assert any(compactions)
     # 5 and 7 sentences share 8 slots; 17 source tokens need 32 keys
     assert [list(graphs.decoders) for graphs in graphed.graphs] == [[(8, beam, 16, 16), (1, beam, 32, 32)]] * members
+    assert (32, 0) in graphed.graphs[0].decoders[1, beam, 32, 32].replays  # a search past its first length bucket
 
 
 def test_decoders_are_kept_within_their_number_and_memory(monkeypatch):
@@ -91,3 +92,28 @@ def test_decoders_are_kept_within_their_number_and_memory(monkeypatch):
     kept.budget = kept.size(shapes[-1]) + kept.size((2, 2, 16, 16))
     beam_search(graphed, sources([[4, 5]] * 2, 15), config)
     assert list(kept.decoders) == [shapes[-1], (2, 2, 16, 16)]
+
+
+def test_a_step_reads_only_its_length_bucket_of_the_caches(monkeypatch):
+    """A decoder of 48 positions: a step at position t attends over the caches' first 16, 32 or 48
+    positions, the first multiple of 16 above t, not over all 48; the hypotheses stay those of
+    the search on growing caches (the case above, across buckets)."""
+    keys_read = []  # (position, keys attended over) of each layer's step
+    extend = graphs.StaticCache.extend
+
+    def recorded(cache: graphs.StaticCache, k: torch.Tensor, v: torch.Tensor):
+        out = extend(cache, k, v)
+        keys_read.append((int(cache.position), out[0].size(2)))
+        return out
+
+    monkeypatch.setattr(graphs.StaticCache, "extend", recorded)
+    model = random_model(15, 0, scale=3.0)
+    config = SearchConfig(beam=2, min_len=40, max_len_a=0.0, max_len_b=44)
+    src = sources([[4, 5, 6], [7, 8]], 15)
+    graphed = Ensemble([model], graphs=True)
+    found = beam_search(graphed, src, config)
+    assert [[h.tokens for h in s] for s in found] == [[h.tokens for h in s] for s in
+                                                      beam_search(Ensemble([model]), src, config)]
+    assert [shape[-1] for shape in graphed.graphs[0].decoders] == [48]
+    assert max(position for position, _ in keys_read) >= 40
+    assert all(keys == min(-(-(position + 1) // 16) * 16, 48) for position, keys in keys_read)
