@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.release import (
     Release,
     Side,
     check_rows,
     layer_weights,
+    peer_text,
     read_codes,
     sentencepiece_file,
     text_file,
@@ -75,25 +75,12 @@ def read_fairseq(path: Path, state: dict[str, Any], given: ImportConfig) -> Rele
     origin = f"fairseq ({path.name})"
     if given.sentencepiece is not None:
         pieces = sentencepiece_file(given.sentencepiece)
-        return Release(config, weights, source, target, shared, fairseq_text(langs, given.tokenizer, pieces=True),
+        return Release(config, weights, source, target, shared, peer_text(langs, given.tokenizer, True, "fairseq"),
                        pieces, pieces, search=search, origin=origin)
-    text = fairseq_text(langs, given.tokenizer or "moses")
+    # fairseq-interactive's `--tokenizer moses`: sacremoses without punctuation normalization
+    text = peer_text(langs, given.tokenizer or "moses", False, "fairseq", fairseq_moses=True)
     codes = read_codes(given.bpe_codes) if given.bpe_codes is not None else None
     return Release(config, weights, source, target, shared, text, bpe_codes=codes, search=search, origin=origin)
-
-
-def fairseq_text(langs: tuple[str, str], tokenizer: str | None, pieces: bool = False) -> TextConfig:
-    """fairseq-interactive's text pipeline: its `--tokenizer moses` is sacremoses without punctuation
-    normalization, with dashes split and XML characters escaped; `--bpe subword_nmt` is ours; its
-    `--bpe sentencepiece` (`pieces`) takes the raw line, as fairseq's recipes give it."""
-    if pieces:
-        if tokenizer not in (None, "none"):
-            raise NmtError(f"--tokenizer {tokenizer} with --sentencepiece: fairseq's SentencePiece text is "
-                           "the raw line (--tokenizer none)")
-        return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="sentencepiece")
-    moses = tokenizer == "moses"
-    return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer,
-                      normalize_punctuation=False, aggressive_dash_splits=moses, escape=moses, protect_tags=False)
 
 
 def settings(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -36,6 +36,7 @@ from nmt_cli.interop.release import (
     Release,
     Side,
     check_rows,
+    peer_text,
     read_codes,
     safetensors_file,
     sentencepiece_file,
@@ -192,12 +193,9 @@ def onmt_text(opt: dict[str, Any], given: ImportConfig, langs: tuple[str, str]) 
     found = named if named is not None and named.is_file() else None
     pieces_path = given.sentencepiece or (found if "sentencepiece" in transforms else None)
     codes_path = given.bpe_codes or (found if "bpe" in transforms else None)
-    tokenizer = given.tokenizer or "none"
+    text = peer_text(langs, given.tokenizer, pieces_path is not None, "OpenNMT-py")
     if pieces_path is not None:
-        text = TextConfig(source_lang=langs[0], target_lang=langs[1], subword="sentencepiece")
         return text, None, sentencepiece_file(pieces_path)
-    text = TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer,
-                      normalize_punctuation=False, protect_tags=False)
     return text, read_codes(codes_path) if codes_path else None, None
 
 

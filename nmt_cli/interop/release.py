@@ -97,6 +97,23 @@ def marian_text(langs: tuple[str, str]) -> TextConfig:
     return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="sentencepiece", language_codes=True)
 
 
+def peer_text(langs: tuple[str, str], tokenizer: str | None, pieces: bool, peer: str,
+              fairseq_moses: bool = False) -> TextConfig:
+    """The text settings of a `peer` toolkit's model (fairseq, OpenNMT-py): with SentencePiece
+    (`pieces`), the raw line, as both give it (another --tokenizer than none is refused); else
+    `tokenizer` (none by default) then BPE, without Moses' punctuation normalization or tag
+    protection, which neither has. `fairseq_moses`: fairseq's `--tokenizer moses`, which splits
+    dashes and escapes XML characters."""
+    if pieces:
+        if tokenizer not in (None, "none"):
+            raise NmtError(f"--tokenizer {tokenizer} with --sentencepiece: {peer}'s SentencePiece text is the raw "
+                           "line (--tokenizer none)")
+        return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="sentencepiece")
+    moses = fairseq_moses and tokenizer == "moses"
+    return TextConfig(source_lang=langs[0], target_lang=langs[1], subword="bpe", tokenizer=tokenizer or "none",
+                      normalize_punctuation=False, aggressive_dash_splits=moses, escape=moses, protect_tags=False)
+
+
 def read_json(path: Path) -> Any:
     if not path.exists():
         raise NmtError(f"{path}: missing (a released model needs it)")

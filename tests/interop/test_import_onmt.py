@@ -124,6 +124,11 @@ def test_text_files_that_are_not_what_they_claim_are_one_line(tmp_path):
     with pytest.raises(NmtError, match="codes: BPE codes not UTF-8 \\(byte 0\\)$"):
         import_model(FIXTURE / "model_step_400.pt", tmp_path / "out.pt",
                      options=ImportConfig(source_lang="en", target_lang="de", bpe_codes=tmp_path / "codes"))
+    spm = ImportConfig(source_lang="en", target_lang="de", sentencepiece=FIXTURES / "spm" / "spm.model",
+                       tokenizer="moses")
+    with pytest.raises(NmtError, match="--tokenizer moses with --sentencepiece: OpenNMT-py's SentencePiece text is "
+                                       "the raw line"):
+        import_model(FIXTURES / "spm" / "model_step_400.pt", tmp_path / "out.pt", options=spm)
     (tmp_path / "model.spm").write_bytes(b"not a model")
     with pytest.raises(NmtError, match="model.spm"):
         import_model(FIXTURE / "model_step_400.pt", tmp_path / "out.pt",
