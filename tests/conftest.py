@@ -337,17 +337,45 @@ def val_reference_records(model: Path) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder that `build` fills, made once in a test run: the first of xdist's workers to ask
+    builds it under a lock, the others wait and find it, and so does a parametrized session fixture
+    set up again (pytest keeps one parameter's value at a time). Its users only read it."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session", params=["shared", "separate"])
 def exported(request, tmp_path_factory):
     """A tiny SentencePiece model trained for seconds to copy letters (shared vocabulary) or copy
-    them in capitals (separate vocabularies), exported; with the raw valid sources."""
-    from nmt_cli.config import TrainConfig
+    them in capitals (separate vocabularies), exported; with the raw valid sources. Built once a
+    run (`built_once`)."""
     from nmt_cli.model import checkpoint as ckpt
+
+    shared = request.param == "shared"
+    tmp = built_once(tmp_path_factory, f"exported-{request.param}", functools.partial(train_and_export, shared=shared))
+    bundle = ckpt.load_bundle(tmp / "ck/checkpoint_last.pt")
+    assert (bundle.src_vocab is bundle.tgt_vocab) == shared
+    sources = (tmp / "raw/valid.src").read_text().splitlines()
+    return tmp, bundle, sources
+
+
+def train_and_export(tmp: Path, shared: bool) -> None:
+    """`exported`'s model, trained in `tmp` (raw/, data/, ck/) and exported for transformers (hf/)."""
+    from nmt_cli.config import TrainConfig
     from nmt_cli.model.architecture import PRESETS
     from nmt_cli.train.run import TrainingRun
 
-    shared = request.param == "shared"
-    tmp = tmp_path_factory.mktemp(request.param)
     (tmp / "raw").mkdir()
     for split, n, seed in (("train", 400, 0), ("valid", 40, 1000)):
         pairs = synthetic_pairs(n, seed, "copy" if shared else "upper")
@@ -365,10 +393,6 @@ def exported(request, tmp_path_factory):
     TrainingRun(tmp / "data", tmp / "ck", model, config, progress_bar=False).run()
     result = cli("export", "-m", tmp / "ck/checkpoint_last.pt", "--format", "transformers", "-o", tmp / "hf")
     assert result.exit_code == 0, result.output
-    bundle = ckpt.load_bundle(tmp / "ck/checkpoint_last.pt")
-    assert (bundle.src_vocab is bundle.tgt_vocab) == shared
-    sources = (tmp / "raw/valid.src").read_text().splitlines()
-    return tmp, bundle, sources
 
 
 @pytest.fixture(scope="session")
