@@ -22,6 +22,13 @@ from torch import Tensor
 from nmt_cli.decode.incremental import start, step_output
 from nmt_cli.model.transformer import Transformer
 
+BUCKET = 16  # source keys, cache lengths and the positions a step reads: multiples of this
+
+
+def rounded_up(n: int) -> int:
+    """The multiple of BUCKET at or above `n`."""
+    return -(-n // BUCKET) * BUCKET
+
 
 def capture(step: Callable[[], Tensor], device: torch.device, pool: tuple[int, int] | None) -> Callable[[], Tensor]:
     """A callable that runs `step` again, on whatever its tensors then hold: on CUDA, `step`'s
@@ -79,12 +86,10 @@ class StaticDecoder:
     """A model's search step (`decoding.step_output`) over tensors of fixed shape, replayed by
     `capture`: `sentences` slots of `beam` decoder rows each, sources padded to `src_len` keys,
     caches of `length` positions. A step at position t reads and writes only the caches' first
-    positions up to the next multiple of `BUCKET` above t (its length bucket): one graph per
+    positions up to the multiple of `BUCKET` above t (its length bucket): one graph per
     bucket and cache parity, captured when the search first reaches it. A batch of fewer
     sentences, or one whose sentences leave the search, leaves slots unused (they repeat the first
     sentence); the search reads the first rows. It is the step's `decoding.DecoderState`."""
-
-    BUCKET = 16
 
     def __init__(self, model: Transformer, sentences: int, beam: int, src_len: int, length: int,
                  pool: tuple[int, int] | None) -> None:
@@ -135,7 +140,7 @@ class StaticDecoder:
     def step(self, tokens: Tensor) -> Tensor:
         """The decoder's output for the next token of the search's rows `tokens`."""
         self.tokens[: tokens.size(0)] = tokens
-        length = min(-(-(self.steps + 1) // self.BUCKET) * self.BUCKET, self.length)
+        length = min(rounded_up(self.steps + 1), self.length)
         out = self._replay(length, self.parity)()
         self.parity, self.steps = 1 - self.parity, self.steps + 1
         return out[: tokens.size(0)]
@@ -163,7 +168,7 @@ Shape = tuple[int, int, int, int]  # sentence slots, rows per sentence, source k
 
 class DecoderGraphs:
     """A model's search steps on `StaticDecoder`s, one per shape: sentence slots a power of two,
-    source keys and positions multiples of 16, so that batches of similar size share one. The
+    source keys and positions multiples of BUCKET, so that batches of similar size share one. The
     most recently used are kept: at most `KEEP`, and on a GPU together at most a quarter of its
     memory (a decoder holds two caches of its largest batch, padded: the eager search's one grows).
     Their graphs share one memory pool (they replay one at a time, on one stream)."""
@@ -181,8 +186,8 @@ class DecoderGraphs:
         """Encode `src` and start a search of `beam` rows per sentence and up to `length` positions."""
         state = start(self.model, src)
         sentences, src_len = src.size(0), src.size(1)
-        shape = (1 << (sentences - 1).bit_length(), beam, -(-src_len // 16) * 16,
-                 min(-(-length // 16) * 16, self.model.config.max_positions))
+        shape = (1 << (sentences - 1).bit_length(), beam, rounded_up(src_len),
+                 min(rounded_up(length), self.model.config.max_positions))
         decoder = self.decoders.pop(shape, None)
         if decoder is None:
             self._make_room(self.size(shape))

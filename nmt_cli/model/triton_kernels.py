@@ -19,12 +19,12 @@ from nmt_cli.text.vocab import PAD_ID
 
 
 @triton.jit
-def _loss_forward(logits, row_stride, target, normalizer, loss, nll, vocab, epsilon, pad_id, BLOCK: tl.constexpr):
+def _loss_forward(logits, target, normalizer, loss, nll, vocab, epsilon, pad_id, BLOCK: tl.constexpr):
     """One row's log-normalizer, label-smoothed loss and NLL, reading its logits once: the
     maximum and the sum of exponentials are carried along the row as they grow (online softmax),
     with the sum of the logits for the smoothing's mean."""
     row = tl.program_id(0).to(tl.int64)
-    start = logits + row * row_stride
+    start = logits + row * vocab
     maximum = tl.full([], float("-inf"), tl.float32)
     exp_sum = tl.zeros([], tl.float32)
     logit_sum = tl.zeros([], tl.float32)
@@ -47,15 +47,15 @@ def _loss_forward(logits, row_stride, target, normalizer, loss, nll, vocab, epsi
 
 
 @triton.jit
-def _loss_backward(logits, row_stride, grad, grad_stride, target, normalizer, weight, vocab, epsilon,
+def _loss_backward(logits, grad, target, normalizer, weight, vocab, epsilon, pad_id,
                    BLOCK: tl.constexpr):
     """One row's gradient, weight * (softmax - (1 - eps) * onehot(target) - eps / V), written once
-    in the logits' precision."""
+    in the logits' precision; zero for padding."""
     row = tl.program_id(0).to(tl.int64)
-    start, out = logits + row * row_stride, grad + row * grad_stride
+    start, out = logits + row * vocab, grad + row * vocab
     token = tl.load(target + row)
     log_normalizer = tl.load(normalizer + row)
-    scale = tl.load(weight + row)
+    scale = tl.where(token != pad_id, tl.load(weight + row), 0.0)
     for first in range(0, vocab, BLOCK):
         columns = first + tl.arange(0, BLOCK)
         inside = columns < vocab
@@ -66,7 +66,7 @@ def _loss_backward(logits, row_stride, grad, grad_stride, target, normalizer, we
 
 class FusedSmoothedCrossEntropy(torch.autograd.Function):
     """kernels.SmoothedCrossEntropy's per-token loss and NLL, and its gradient, as two Triton
-    kernels of one program per row. Rows of up to `BLOCK` logits are read in one piece; longer
+    kernels of one program per row (of contiguous logits). Rows of up to `BLOCK` logits are read in one piece; longer
     ones in pieces of `BLOCK`."""
 
     BLOCK = 8192
@@ -74,12 +74,12 @@ class FusedSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-        logits, target = _rows(logits), target.contiguous()
+        logits, target = logits.contiguous(), target.contiguous()
         rows, vocab = logits.shape
         normalizer = logits.new_empty(rows, dtype=torch.float32)
         loss, nll = torch.empty_like(normalizer), torch.empty_like(normalizer)
         block = min(FusedSmoothedCrossEntropy.BLOCK, triton.next_power_of_2(vocab))
-        _loss_forward[(rows,)](logits, logits.stride(0), target, normalizer, loss, nll, vocab, epsilon, PAD_ID,
+        _loss_forward[(rows,)](logits, target, normalizer, loss, nll, vocab, epsilon, PAD_ID,
                                BLOCK=block, num_warps=FusedSmoothedCrossEntropy.WARPS)
         ctx.save_for_backward(logits, target, normalizer)
         ctx.epsilon, ctx.block = epsilon, block
@@ -89,14 +89,9 @@ class FusedSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None]:
         logits, target, normalizer = ctx.saved_tensors
-        weight = (grad_loss * (target != PAD_ID)).float().contiguous()
         grad = torch.empty_like(logits)
         rows, vocab = logits.shape
-        _loss_backward[(rows,)](logits, logits.stride(0), grad, grad.stride(0), target, normalizer, weight, vocab,
-                                ctx.epsilon, BLOCK=ctx.block, num_warps=FusedSmoothedCrossEntropy.WARPS)
+        _loss_backward[(rows,)](logits, grad, target, normalizer, grad_loss.float().contiguous(), vocab, ctx.epsilon,
+                                PAD_ID, BLOCK=ctx.block, num_warps=FusedSmoothedCrossEntropy.WARPS)
         return grad, None, None
 
-
-def _rows(logits: Tensor) -> Tensor:
-    """`logits` (rows, V) with its columns adjacent, as the kernels read them."""
-    return logits if logits.stride(-1) == 1 else logits.contiguous()

@@ -119,10 +119,11 @@ def loss_case(dtype: torch.dtype, device: str = "cpu") -> tuple[torch.Tensor, to
 
 INTERPRETED_LOSS = """
 import sys, torch
+from nmt_cli.model import kernels
 from nmt_cli.model.triton_kernels import FusedSmoothedCrossEntropy
 from nmt_cli.train import trainer
 FusedSmoothedCrossEntropy.BLOCK = 256  # rows of 1,000 read in pieces of 256, the last one partial
-trainer.smoothed_cross_entropy = FusedSmoothedCrossEntropy.apply
+kernels.fused_loss = lambda device: FusedSmoothedCrossEntropy  # as on a GPU
 results = []
 for logits, target in torch.load(sys.argv[1]):
     logits.requires_grad_()
@@ -178,6 +179,24 @@ def test_the_loss_equals_the_reference(dtype, path, monkeypatch, request):
     assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-5)
     tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # the gradient is stored in the logits' precision
     assert ((grad.double() - ref_logits.grad).norm() / ref_logits.grad.norm()).item() < tolerance
+
+
+def test_the_fused_loss_is_taken_on_a_gpu_triton_compiles_for(monkeypatch):
+    """kernels.fused_loss: never on the CPU; on CUDA from compute capability 7.0 (Triton's least),
+    and only where Triton imports (the GPU's machine is faked: its capability, Triton's absence)."""
+    pytest.importorskip("triton", reason="Triton (tests: the dev extra on Linux x86_64)")
+    from nmt_cli.model.triton_kernels import FusedSmoothedCrossEntropy
+
+    cuda = torch.device("cuda")
+    for capability, fused in (((6, 1), None), ((7, 0), FusedSmoothedCrossEntropy)):
+        kernels.fused_loss.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        assert kernels.fused_loss(cuda) is fused
+        assert kernels.fused_loss(torch.device("cpu")) is None
+    kernels.fused_loss.cache_clear()
+    monkeypatch.setitem(sys.modules, "nmt_cli.model.triton_kernels", None)  # Triton cannot be imported
+    assert kernels.fused_loss(cuda) is None
+    kernels.fused_loss.cache_clear()  # the real machine's answers again
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
