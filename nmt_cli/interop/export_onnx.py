@@ -17,7 +17,7 @@ never recomputes them. The layout and names are Optimum's (which transformers.js
 Token ids are the checkpoint's vocabularies' (`shared_vocabulary.json`, or `source_vocabulary.json`
 and `target_vocabulary.json`; `config.json` names the specials, and whether a source ends with
 `</s>`: `add_source_eos`, false for OpenNMT-py's models); the text pipeline's files and
-`nmt-cli.json` (export_ctranslate2.text_files) say how text becomes ids and back. Keys and values
+`nmt-cli.json` (writing.text_files) say how text becomes ids and back. Keys and values
 are (batch, heads, positions, d_k); a search's beams are rows of their own (with their
 sentence's encoder rows repeated).
 """
@@ -28,18 +28,21 @@ import json
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.export_ctranslate2 import text_files, write_export
 from nmt_cli.interop.export_transformers import generation_config, marian_config
 from nmt_cli.interop.tokenizer_json import javascript_refusal, tokenizer_config, tokenizer_json
-from nmt_cli.model.checkpoint import ModelBundle
+from nmt_cli.interop.writing import text_files, write_export, write_json
+from nmt_cli.model.checkpoint import ModelBundle, load_bundle
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+if TYPE_CHECKING:
+    from nmt_cli.interop.exporter import ExportRequest
 
 OPSET = 18
 
@@ -119,19 +122,19 @@ def export_graphs(model: Transformer, out: Path) -> None:
                                    ("batch", "source", "target", "past"))
     src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID]])
     src_mask = (src != PAD_ID).long()
-    export(Encoder(model), (src, src_mask), out / "encoder_model.onnx", ["input_ids", "attention_mask"],
+    export_graph(Encoder(model), (src, src_mask), out / "encoder_model.onnx", ["input_ids", "attention_mask"],
            ["last_hidden_state"], {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}})
     memory = Encoder(model)(src, src_mask).detach()
     tgt = torch.tensor([[BOS_ID, 5], [BOS_ID, 6]])
     first = kv_names("present", layers)
-    export(Decoder(model, with_past=False), (tgt, src_mask, memory), out / "decoder_model.onnx",
+    export_graph(Decoder(model, with_past=False), (tgt, src_mask, memory), out / "decoder_model.onnx",
            ["input_ids", "encoder_attention_mask", "encoder_hidden_states"], ["logits", *first],
            {"input_ids": {0: batch, 1: target}, "encoder_attention_mask": {0: batch, 1: source},
             "encoder_hidden_states": {0: batch, 1: source}})
     presents = Decoder(model, with_past=False)(tgt, src_mask, memory)[1:]
     shapes = {name: {0: batch, 2: past if ".decoder." in name else source} for name in kv_names("past_key_values",
                                                                                                 layers)}
-    export(Decoder(model, with_past=True), (tgt[:, :1], src_mask, *(t.detach() for t in presents)),
+    export_graph(Decoder(model, with_past=True), (tgt[:, :1], src_mask, *(t.detach() for t in presents)),
            out / "decoder_with_past_model.onnx",
            ["input_ids", "encoder_attention_mask", *kv_names("past_key_values", layers)],
            ["logits", *kv_names("present", layers, ("decoder",))],
@@ -203,7 +206,7 @@ def quantize_graphs(folder: Path) -> None:
     merge_decoders(folder, "_quantized")
 
 
-def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list[str], outputs: list[str],
+def export_graph(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list[str], outputs: list[str],
            shapes: dict[str, dict[int, Any]]) -> None:
     """One graph, its inputs and outputs named, its dimensions dynamic as `shapes` says (the
     modules take two inputs, then any number more)."""
@@ -220,6 +223,11 @@ def export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list
     finally:
         quiet.setLevel(level)
     program.save(str(path))
+
+
+def export(request: ExportRequest) -> str | None:
+    """`nmt export --format onnx`, with --quantize."""
+    return save_onnx(load_bundle(request.model), request.output, request.config.quantization)
 
 
 def save_onnx(bundle: ModelBundle, out: Path, quantization: str = "float32") -> str | None:
@@ -263,10 +271,6 @@ def model_config(bundle: ModelBundle) -> dict[str, Any]:
     return {**marian_config(dict, bundle), "model_type": "marian", "architectures": ["MarianMTModel"],
             "is_encoder_decoder": True, "decoder_start_token_id": BOS_ID, "unk_token_id": UNK_ID,
             "add_source_eos": bundle.model.config.source_eos}
-
-
-def write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def vocabularies(bundle: ModelBundle, out: Path) -> None:

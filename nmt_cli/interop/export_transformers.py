@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,11 +27,22 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.decode.controls import banned_ids
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.card import UNSET_LICENCE, CardConfig, Evaluation, model_card
-from nmt_cli.interop.export_ctranslate2 import text_files, write_export
 from nmt_cli.interop.release import sines_then_cosines
-from nmt_cli.model.checkpoint import ModelBundle, bundle_of
+from nmt_cli.interop.writing import text_files, write_export
+from nmt_cli.model.checkpoint import ModelBundle, bundle_of, load
 from nmt_cli.model.transformer import MultiHeadAttention, SublayerConnection, Transformer
 from nmt_cli.text.vocab import BOS, BOS_ID, EOS_ID, PAD_ID, SPECIALS, start_row
+
+if TYPE_CHECKING:
+    from nmt_cli.interop.exporter import ExportRequest
+
+
+def export(request: ExportRequest) -> None:
+    """`nmt export --format transformers`, with the model card's options and --eval."""
+    from nmt_cli.interop.card import evaluate
+
+    save_transformers(load(request.model), request.model, request.output, request.card,
+                      [evaluate(request.model, *pair) for pair in request.evaluations])
 
 
 def save_transformers(checkpoint: dict[str, Any], source: Path, out: Path, card: CardConfig = CardConfig(),

@@ -20,16 +20,19 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.export_ctranslate2 import write_export
 from nmt_cli.interop.export_onnx import write_onnx
 from nmt_cli.interop.export_transformers import forced_eos
 from nmt_cli.interop.tokenizer_json import javascript_refusal
-from nmt_cli.model.checkpoint import ModelBundle
+from nmt_cli.interop.writing import write_export
+from nmt_cli.model.checkpoint import ModelBundle, load_bundle
 from nmt_cli.pages import page
+
+if TYPE_CHECKING:
+    from nmt_cli.interop.exporter import ExportRequest
 
 TRANSFORMERS_JS = "4.3.2"  # the version the page is tested with (tests/interop/test_javascript_routes.py)
 INSTALL = f"npm install --ignore-scripts @huggingface/transformers@{TRANSFORMERS_JS}"
@@ -40,6 +43,11 @@ VENDORED = {"transformers": ["dist/transformers.min.js", "LICENSE", "package.jso
                                 "package.json"]}
 # The graphs the page loads (of the precision it runs): transformers.js runs the merged decoder.
 LOADED_GRAPHS = ("encoder_model", "decoder_model_merged")
+
+
+def export(request: ExportRequest) -> None:
+    """`nmt export --format web`, with --quantize and --transformers-js."""
+    save_web(load_bundle(request.model), request.output, request.config.quantization, request.config.transformers_js)
 
 
 def save_web(bundle: ModelBundle, out: Path, quantization: str, transformers_js: Path | None) -> None:

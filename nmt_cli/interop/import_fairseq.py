@@ -27,16 +27,8 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import (
-    Release,
-    Side,
-    check_rows,
-    layer_weights,
-    peer_text,
-    read_codes,
-    sentencepiece_file,
-    text_file,
-)
+from nmt_cli.interop.reading import read_codes, sentencepiece_file, text_file
+from nmt_cli.interop.release import Release, Side, check_rows, layer_weights, peer_text
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
 from nmt_cli.text.vocab import Vocabulary
@@ -53,7 +45,7 @@ UNSUPPORTED = {"layernorm_embedding": "a layer norm on the embeddings", "adaptiv
 
 
 def read_fairseq(path: Path, state: dict[str, Any], given: ImportConfig) -> Release:
-    """A fairseq checkpoint (its `state`, as release.load_pickled reads it) with its dictionaries
+    """A fairseq checkpoint (its `state`, as reading.load_pickled reads it) with its dictionaries
     (`given.data_dir`, default: the checkpoint's folder, then the data path its configuration
     names), languages and text pipeline."""
     if not isinstance(state.get("model"), dict):

@@ -16,21 +16,14 @@ from torch import Tensor
 
 from nmt_cli.errors import NmtError
 from nmt_cli.files import small_file
-from nmt_cli.interop.release import (
-    Release,
-    Side,
-    marian_text,
-    sentencepiece_file,
-    setting,
-    sines_then_cosines,
-    token_id,
-    tokens_by_id,
-)
+from nmt_cli.interop.reading import sentencepiece_file, setting, token_id, tokens_by_id
+from nmt_cli.interop.release import Release, Side, marian_text, sines_then_cosines
 from nmt_cli.model.architecture import ModelConfig
+from nmt_cli.run_config import ImportConfig
 from nmt_cli.text.pieces import load_sentencepiece
 
 
-def read_marian(source: Path, warn: Callable[[str], None]) -> Release:
+def read_marian(source: Path, options: ImportConfig, warn: Callable[[str], None]) -> Release:
     """A Marian release: model.npz (its model.yml inside), decoder.yml, vocabularies, .spm files."""
     decoder = read_yaml(source / "decoder.yml") if (source / "decoder.yml").is_file() else {}
     names = decoder.get("models") or [p.name for p in sorted(source.glob("*.npz"))][:1]

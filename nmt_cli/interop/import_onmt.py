@@ -1,5 +1,5 @@
 """OpenNMT-py 3.x checkpoints (`model_step_N.pt` of its `transformer` encoder and decoder) read into
-a `Release`, its weights, vocabularies and options in the one file (release.load_pickled reads
+a `Release`, its weights, vocabularies and options in the one file (reading.load_pickled reads
 it without running pickled code), or its weights beside it as safetensors (`-save_format
 safetensors`).
 
@@ -32,17 +32,8 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import (
-    Release,
-    Side,
-    check_rows,
-    peer_text,
-    read_codes,
-    safetensors_file,
-    sentencepiece_file,
-    sines_then_cosines,
-    token_id,
-)
+from nmt_cli.interop.reading import read_codes, safetensors_file, sentencepiece_file, token_id
+from nmt_cli.interop.release import Release, Side, check_rows, peer_text, sines_then_cosines
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
 

@@ -16,21 +16,11 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.release import (
-    Release,
-    Side,
-    layer_weights,
-    marian_text,
-    read_json,
-    safetensors_file,
-    sentencepiece_file,
-    setting,
-    sines_then_cosines,
-    token_id,
-    tokens_by_id,
-)
+from nmt_cli.interop.reading import read_json, safetensors_file, sentencepiece_file, setting, token_id, tokens_by_id
+from nmt_cli.interop.release import Release, Side, layer_weights, marian_text, sines_then_cosines
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.model.transformer import positional_encoding
+from nmt_cli.run_config import ImportConfig
 
 # MarianConfig's defaults (transformers 5), which a saved config.json leaves out.
 MARIAN_DEFAULTS = {"vocab_size": 58101, "max_position_embeddings": 1024, "encoder_layers": 12, "encoder_ffn_dim": 4096,
@@ -43,7 +33,7 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_fa
                "gelu_pytorch_tanh": "gelu-tanh", "quick_gelu": "gelu-sigmoid", "swish": "swish", "silu": "swish"}
 
 
-def read_transformers(source: Path, warn: Callable[[str], None]) -> Release:
+def read_transformers(source: Path, options: ImportConfig, warn: Callable[[str], None]) -> Release:
     """A Hugging Face MarianMTModel directory."""
     config = read_json(source / "config.json")
     if not isinstance(config, dict) or config.get("model_type") != "marian":

@@ -26,11 +26,11 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
+from nmt_cli.interop.formats import READERS, reader_for
 from nmt_cli.interop.import_fairseq import read_fairseq
-from nmt_cli.interop.import_marian import read_marian
 from nmt_cli.interop.import_onmt import read_onmt
-from nmt_cli.interop.import_transformers import read_transformers
-from nmt_cli.interop.release import Release, load_pickled
+from nmt_cli.interop.reading import load_pickled
+from nmt_cli.interop.release import Release
 from nmt_cli.model.checkpoint import checked_model, description, save
 from nmt_cli.model.released import Released
 from nmt_cli.run_config import ImportConfig
@@ -39,32 +39,30 @@ from nmt_cli.text.vocab import Vocabulary
 
 def import_model(source: Path, out: Path, warn: Callable[[str], None] = print,
                  options: ImportConfig | None = None) -> dict[str, Any]:
-    """Read the release in directory `source` (or the fairseq or OpenNMT-py checkpoint file
-    `source`, with `options`), write it to `out` as a checkpoint (atomically), and return that
-    checkpoint."""
+    """Read the release at `source` with the reader formats.py's table chooses for it (with
+    `options`, where it takes them), write it to `out` as a checkpoint (atomically), and return
+    that checkpoint."""
     source, options = Path(source), options or ImportConfig()
     given = [f.name for f in dataclasses.fields(options) if getattr(options, f.name) is not None]
-    if given and not source.is_file():
-        raise NmtError(f"--{given[0].replace('_', '-')}: only a checkpoint file (fairseq's, OpenNMT-py's) takes it; "
-                       f"{source} is not one")
-    if source.is_file():
-        release = read_checkpoint_file(source, options)
-    elif not source.is_dir():
-        raise NmtError(f"{source}: neither a directory (a released model) nor a file (a fairseq or OpenNMT-py "
-                       "checkpoint)")
-    elif (source / "config.json").is_file():
-        release = read_transformers(source, warn)
-    elif any(source.glob("*.npz")):
-        release = read_marian(source, warn)
-    else:
-        raise NmtError(f"{source}: neither a transformers model (config.json) nor a Marian one (*.npz)")
+    try:
+        reader = reader_for(source)
+    except NmtError:
+        if not given:
+            raise
+        reader = None  # what takes the options given is named first
+    for name in given:
+        if reader is None or name not in reader.options:
+            takers = " or ".join(r.summary for r in READERS if name in r.options)
+            raise NmtError(f"--{name.replace('_', '-')}: only {takers} takes it; {source} is not one")
+    assert reader is not None
+    release = reader.entry()(source, options, warn)
     checkpoint = checkpoint_of(release)
     checked_model(checkpoint, source)  # what could be wrong came from the release: its name in the error
     save(checkpoint, out)
     return checkpoint
 
 
-def read_checkpoint_file(path: Path, options: ImportConfig) -> Release:
+def read_checkpoint_file(path: Path, options: ImportConfig, warn: Callable[[str], None]) -> Release:
     """A fairseq or OpenNMT-py checkpoint, told apart by what it holds (OpenNMT-py's: its vocabularies
     and options)."""
     state = load_pickled(path)

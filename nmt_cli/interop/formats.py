@@ -1,0 +1,103 @@
+"""The interop wing's table of formats: each reader of `nmt import` and each writer of `nmt export`,
+with its name, the module that holds it (imported only when that format is chosen: each needs its
+own optional packages), the files it reads or writes and the options it takes, as CTranslate2's
+converters share one base. A new format is a row here and a module beside this one; the neutral
+description between them is release.Release (in) and a checkpoint (out). Torch-free: choosing a
+format imports nothing heavy.
+
+A writer's function takes an exporter.ExportRequest; a reader's takes the source path, the
+ImportConfig and a function that warns, and gives a release.Release."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.errors import NmtError
+
+
+@dataclass(frozen=True)
+class Writer:
+    """A format `nmt export` writes: a directory of `files` (none: a single file)."""
+
+    name: str
+    module: str  # below nmt_cli.interop
+    function: str
+    files: frozenset[str]
+    options: tuple[str, ...]  # the ExportConfig fields it takes besides --format
+    summary: str
+
+    def entry(self) -> Callable[..., Any]:
+        return getattr(importlib.import_module(f"nmt_cli.interop.{self.module}"), self.function)
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A format `nmt import` reads, told by what `recognizes` finds at the source path."""
+
+    name: str
+    module: str
+    function: str
+    recognizes: Callable[[Path], bool]
+    options: tuple[str, ...]  # the ImportConfig fields it takes
+    summary: str
+
+    def entry(self) -> Callable[..., Any]:
+        return getattr(importlib.import_module(f"nmt_cli.interop.{self.module}"), self.function)
+
+
+# The text pipeline's files beside a model's (writing.text_files) and nmt-cli.json, which every
+# directory export holds.
+TEXT_FILES = frozenset({"bpe.codes", "spm.model", "spm.target.model", "nmt-cli.json"})
+CTRANSLATE2_FILES = frozenset({"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
+                               "target_vocabulary.json", "vmap.txt"})
+TRANSFORMERS_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json", "source.spm",
+                                "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json", "README.md",
+                                "LICENSE"})
+ONNX_FILES = frozenset({"onnx", "config.json", "generation_config.json", "shared_vocabulary.json",
+                        "source_vocabulary.json", "target_vocabulary.json", "tokenizer.json", "tokenizer_config.json"})
+
+WRITERS = {writer.name: writer for writer in (
+    Writer("ctranslate2", "export_ctranslate2", "export", CTRANSLATE2_FILES | TEXT_FILES, ("quantization", "shortlist"),
+           "a CTranslate2 model directory"),
+    Writer("transformers", "export_transformers", "export", TRANSFORMERS_FILES | TEXT_FILES, (),
+           "a Hugging Face MarianMTModel directory with its tokenizer and a model card"),
+    Writer("onnx", "export_onnx", "export", ONNX_FILES | TEXT_FILES, ("quantization",),
+           "ONNX graphs for onnxruntime and transformers.js"),
+    Writer("web", "export_web", "export", frozenset({"index.html", "model", "vendor"}),
+           ("quantization", "transformers_js"), "a static page that translates in the browser"),
+    Writer("safetensors", "exporter", "export", frozenset(), (), "one safetensors file"),
+)}
+
+
+def export_files() -> frozenset[str]:
+    """What any directory export writes: a directory holding only these (and nmt-cli.json) is an
+    earlier export, which a new one may replace."""
+    return frozenset().union(*(writer.files for writer in WRITERS.values()))
+
+
+CHECKPOINT_OPTIONS = ("source_lang", "target_lang", "data_dir", "bpe_codes", "sentencepiece", "tokenizer")
+
+READERS = (
+    Reader("transformers", "import_transformers", "read_transformers",
+           lambda path: (path / "config.json").is_file(), (), "a transformers model (config.json)"),
+    Reader("marian", "import_marian", "read_marian", lambda path: path.is_dir() and any(path.glob("*.npz")), (),
+           "a Marian one (*.npz)"),
+    Reader("checkpoint", "importer", "read_checkpoint_file", Path.is_file, CHECKPOINT_OPTIONS,
+           "a checkpoint file (fairseq's, OpenNMT-py's)"),
+)
+
+
+def reader_for(source: Path) -> Reader:
+    """The reader of what is at `source`, or a one-line error saying what it is not."""
+    if not source.is_file() and not source.is_dir():
+        raise NmtError(f"{source}: neither a directory (a released model) nor a file (a fairseq or OpenNMT-py "
+                       "checkpoint)")
+    for reader in READERS:
+        if reader.recognizes(source):
+            return reader
+    directories = [reader.summary for reader in READERS if reader.recognizes is not Path.is_file]
+    raise NmtError(f"{source}: neither {' nor '.join(directories)}")
