@@ -262,11 +262,13 @@ def shortlist(data_dir: Path, output: Path, first: int, best: int) -> None:
               help="The checkpoint to write (.pt).")
 @config_options(ImportConfig)
 def import_model(source: Path, output: Path, **options: Any) -> None:
-    """Import Marian, fairseq or OpenNMT-py models.
+    """Import Marian, fairseq, OpenNMT-py, Argos models.
 
     SOURCE: a MarianMTModel directory (OPUS-MT), Marian's own release (model.npz, decoder.yml,
-    vocabularies, .spm files), or a fairseq or OpenNMT-py checkpoint file, read without running code
-    from it: a checkpoint like one trained here, with its toolkit's decoding settings as defaults."""
+    vocabularies, .spm files), a fairseq or OpenNMT-py checkpoint file, a CTranslate2 model directory
+    (model.bin), or an Argos Translate package (.argosmodel, or an installed package's folder), read
+    without running code from it: a checkpoint like one trained here, with its toolkit's decoding
+    settings as defaults."""
     from nmt_cli.files import destination
     from nmt_cli.interop.importer import import_model
 
@@ -286,28 +288,31 @@ def import_model(source: Path, output: Path, **options: Any) -> None:
               help="Checkpoint to export.")
 @config_options(ExportConfig)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-              help="Directory (ctranslate2, transformers, onnx, web) or .safetensors file.")
+              help="Directory (ctranslate2, transformers, onnx, web), .argosmodel file (argos) or .safetensors file.")
 @config_options(CardConfig)
 @click.option("--eval", "evaluations", nargs=2, multiple=True, metavar="SRC REF",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="transformers: translate SRC and score it against REF (sacreBLEU's BLEU and chrF) for the model "
                    "card (repeatable).")
 def export(model: Path, output: Path, evaluations: tuple[tuple[Path, Path], ...], **options: Any) -> None:
-    """Export to CTranslate2, ONNX, transformers or a page.
+    """Export to CTranslate2, Argos, ONNX, HF or a page.
 
     With its text pipeline: BPE codes or SentencePiece model, and how to use them (or one safetensors
     file)."""
     from nmt_cli.files import destination
     from nmt_cli.interop.exporter import export_model
+    from nmt_cli.interop.formats import WRITERS
 
     config = build(ExportConfig, **fields_of(ExportConfig, options))
     card = fields_of(CardConfig, options)
     if config.format != "transformers" and (given := sorted(changed_flags() & {"evaluations", *card})):
         flag = "--eval" if given[0] == "evaluations" else flag_name(CardConfig.__dataclass_fields__[given[0]])
         raise click.UsageError(f"{flag} applies only to --format transformers")
-    output = destination(output, "export", inputs=[model, *filter(None, [config.shortlist]), *sum(evaluations, ())])
-    if config.format == "safetensors" and output.suffix != ".safetensors":
-        raise click.UsageError(f"{output}: a safetensors file ends in .safetensors")
+    output = destination(output, "export", inputs=[model, *filter(None, [config.shortlist, config.sentences]),
+                                                   *sum(evaluations, ())])
+    suffix = WRITERS[config.format].suffix
+    if suffix is not None and output.suffix != suffix:
+        raise click.UsageError(f"{output}: {WRITERS[config.format].summary} ends in {suffix}")
     if (note := export_model(model, output, config, build(CardConfig, **card), evaluations)) is not None:
         click.echo(note, err=True)
     click.echo(f"exported {model} to {output} ({config.format})", err=True)

@@ -138,10 +138,12 @@ class ServeConfig(Options):
     threads: int | None = threads_knob()
 
 
-EXPORT_FORMATS = ("ctranslate2", "transformers", "onnx", "web", "safetensors")
+EXPORT_FORMATS = ("ctranslate2", "argos", "transformers", "onnx", "web", "safetensors")
 CT2_QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")
 _CTRANSLATE2 = (lambda c: c.format == "ctranslate2", "to --format ctranslate2")
-_QUANTIZED = (lambda c: c.format in ("ctranslate2", "onnx", "web"), "to --format ctranslate2, onnx or web")
+_QUANTIZED = (lambda c: c.format in ("ctranslate2", "argos", "onnx", "web"),
+              "to --format ctranslate2, argos, onnx or web")
+_ARGOS = (lambda c: c.format == "argos", "to --format argos")
 _WEB = (lambda c: c.format == "web", "to --format web")
 EXISTING_DIR = {"exists": True, "file_okay": False}
 
@@ -151,21 +153,32 @@ class ExportConfig(Options):
     """`nmt export`'s format, and the options only CTranslate2's takes (the model card's, only
     transformers', are interop/card.py's CardConfig)."""
 
-    format: str = knob(MISSING, "ctranslate2: a CTranslate2 model directory (needs ctranslate2); transformers: a "
+    format: str = knob(MISSING, "ctranslate2: a CTranslate2 model directory (needs ctranslate2); argos: an Argos "
+                       "Translate package (NAME.argosmodel) that LibreTranslate and argostranslate install (needs "
+                       "ctranslate2 and onnx; SentencePiece models); transformers: a "
                        "Hugging Face MarianMTModel directory with its tokenizer and a model card (needs transformers; "
                        "SentencePiece models); onnx: ONNX graphs of the encoder and the decoder's cached step, for "
                        "onnxruntime and transformers.js (needs onnx and onnxscript); web: a static page that "
                        "translates in the browser (SentencePiece models); safetensors: one file.",
                        choices=EXPORT_FORMATS)
-    quantization: str = knob("float32", "ctranslate2: store the weights in this type (--quantize int8 as "
-                             "`nmt translate` and `nmt serve` spell it); onnx: int8 adds int8 copies of the graphs "
-                             "(*_quantized.onnx); web: the page runs those.", choices=CT2_QUANTIZATIONS,
-                             only_if=_QUANTIZED, flags=["--quantize", "--quantization"])
+    quantization: str | None = knob(None, "ctranslate2, argos: store the weights in this type (--quantize int8 as "
+                                    "`nmt translate` and `nmt serve` spell it); onnx: int8 adds int8 copies of the "
+                                    "graphs (*_quantized.onnx); web: the page runs those [default: float32; argos: "
+                                    "int8, as published packages are].", choices=CT2_QUANTIZATIONS,
+                                    only_if=_QUANTIZED, flags=["--quantize", "--quantization"])
     shortlist: Path | None = knob(None, "ctranslate2: write this shortlist of `nmt shortlist` as its vocabulary map "
                                   "(use_vmap=True).", path=EXISTING_FILE, only_if=_CTRANSLATE2)
     transformers_js: Path | None = knob(None, "web: the npm install of transformers.js to copy into the page "
                                         "(node_modules/@huggingface/transformers; default: $NMT_TRANSFORMERS_JS).",
                                         path=EXISTING_DIR, only_if=_WEB)
+    sentences: Path | None = knob(None, "argos: source-language text, a sentence a line (the training data's source "
+                                  "side), to train the package's sentence splitter on (minisbd/); required.",
+                                  path=EXISTING_FILE, only_if=_ARGOS)
+    package_version: str = knob("1.0", "argos: the package's version (metadata.json).", only_if=_ARGOS,
+                                pattern=(r"[0-9]+(\.[0-9]+)*", "a version such as 1.0 or 1.2.3"))
+    from_name: str | None = knob(None, "argos: the source language's name as LibreTranslate lists it [default: the "
+                                 "English name of its code, where nmt-cli knows it].", only_if=_ARGOS)
+    to_name: str | None = knob(None, "argos: the target language's name (see --from-name).", only_if=_ARGOS)
 
 
 @dataclass(frozen=True)

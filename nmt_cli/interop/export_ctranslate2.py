@@ -35,6 +35,13 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
                      shortlist: Shortlist | None = None) -> None:
     """A CTranslate2 model directory of `bundle`, with the text pipeline's files beside it, and a
     `shortlist` as CTranslate2's vocabulary map (`translate_batch(..., use_vmap=True)`)."""
+    write_export(out, lambda tmp: write_ctranslate2(bundle, tmp, quantization, shortlist))
+
+
+def write_ctranslate2(bundle: ModelBundle, folder: Path, quantization: str | None = None,
+                      shortlist: Shortlist | None = None) -> None:
+    """The CTranslate2 model of `bundle` and its text pipeline's files into the new `folder` (an
+    Argos package's `model/` too)."""
     try:
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
@@ -67,14 +74,10 @@ def save_ctranslate2(bundle: ModelBundle, out: Path, quantization: str | None = 
     spec.register_target_vocabulary(bundle.tgt_vocab.tokens)
     spec.validate()
     spec.optimize(quantization=quantization)
-
-    def write(tmp: Path) -> None:
-        spec.save(str(tmp))
-        text_files(bundle, tmp)
-        if shortlist is not None:
-            (tmp / "vmap.txt").write_text(vocabulary_map(shortlist, bundle), encoding="utf-8")
-
-    write_export(out, write)
+    spec.save(str(folder))
+    text_files(bundle, folder)
+    if shortlist is not None:
+        (folder / "vmap.txt").write_text(vocabulary_map(shortlist, bundle), encoding="utf-8")
 
 
 def vocabulary_map(shortlist: Shortlist, bundle: ModelBundle) -> str:
@@ -88,7 +91,9 @@ def vocabulary_map(shortlist: Shortlist, bundle: ModelBundle) -> str:
 
 
 def _array(tensor: torch.Tensor) -> Any:
-    return tensor.detach().float().cpu().numpy()
+    """A float32 copy of `tensor` (CTranslate2's quantization scales its arrays in place: never
+    the model's own weights)."""
+    return tensor.detach().float().cpu().numpy().copy()
 
 
 # Our FFN activations by CTranslate2's names.

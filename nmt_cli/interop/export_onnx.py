@@ -227,7 +227,7 @@ def export_graph(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs
 
 def export(request: ExportRequest) -> str | None:
     """`nmt export --format onnx`, with --quantize."""
-    return save_onnx(load_bundle(request.model), request.output, request.config.quantization)
+    return save_onnx(load_bundle(request.model), request.output, request.config.quantization or "float32")
 
 
 def save_onnx(bundle: ModelBundle, out: Path, quantization: str = "float32") -> str | None:

@@ -47,7 +47,8 @@ LOADED_GRAPHS = ("encoder_model", "decoder_model_merged")
 
 def export(request: ExportRequest) -> None:
     """`nmt export --format web`, with --quantize and --transformers-js."""
-    save_web(load_bundle(request.model), request.output, request.config.quantization, request.config.transformers_js)
+    config = request.config
+    save_web(load_bundle(request.model), request.output, config.quantization or "float32", config.transformers_js)
 
 
 def save_web(bundle: ModelBundle, out: Path, quantization: str, transformers_js: Path | None) -> None:

@@ -11,9 +11,10 @@ ImportConfig and a function that warns, and gives a release.Release."""
 from __future__ import annotations
 
 import importlib
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nmt_cli.errors import NmtError
@@ -29,6 +30,7 @@ class Writer:
     files: frozenset[str]
     options: tuple[str, ...]  # the ExportConfig fields it takes besides --format
     summary: str
+    suffix: str | None = None  # a single file's: what its name ends in
 
     def entry(self) -> Callable[..., Any]:
         return getattr(importlib.import_module(f"nmt_cli.interop.{self.module}"), self.function)
@@ -63,13 +65,16 @@ ONNX_FILES = frozenset({"onnx", "config.json", "generation_config.json", "shared
 WRITERS = {writer.name: writer for writer in (
     Writer("ctranslate2", "export_ctranslate2", "export", CTRANSLATE2_FILES | TEXT_FILES, ("quantization", "shortlist"),
            "a CTranslate2 model directory"),
+    Writer("argos", "export_argos", "export", frozenset(),
+           ("quantization", "sentences", "package_version", "from_name", "to_name"),
+           "an Argos Translate package", ".argosmodel"),
     Writer("transformers", "export_transformers", "export", TRANSFORMERS_FILES | TEXT_FILES, (),
            "a Hugging Face MarianMTModel directory with its tokenizer and a model card"),
     Writer("onnx", "export_onnx", "export", ONNX_FILES | TEXT_FILES, ("quantization",),
            "ONNX graphs for onnxruntime and transformers.js"),
     Writer("web", "export_web", "export", frozenset({"index.html", "model", "vendor"}),
            ("quantization", "transformers_js"), "a static page that translates in the browser"),
-    Writer("safetensors", "exporter", "export", frozenset(), (), "one safetensors file"),
+    Writer("safetensors", "exporter", "export", frozenset(), (), "one safetensors file", ".safetensors"),
 )}
 
 
@@ -81,7 +86,26 @@ def export_files() -> frozenset[str]:
 
 CHECKPOINT_OPTIONS = ("source_lang", "target_lang", "data_dir", "bpe_codes", "sentencepiece", "tokenizer")
 
+TEXT_OPTIONS = ("source_lang", "target_lang", "bpe_codes", "sentencepiece", "tokenizer")
+
+def is_argos_package(path: Path) -> bool:
+    """An Argos package's folder, or a zip holding one folder with metadata.json (torch's
+    checkpoints are zips too: told apart by that file)."""
+    if path.is_dir():
+        return (path / "metadata.json").is_file() and (path / "model").is_dir()
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(PurePosixPath(n).name == "metadata.json" and len(PurePosixPath(n).parts) == 2
+                       for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 READERS = (
+    Reader("argos", "import_argos", "read_argos", is_argos_package, TEXT_OPTIONS,
+           "an Argos Translate package (.argosmodel, or its folder)"),
+    Reader("ctranslate2", "import_ctranslate2", "read_ctranslate2", lambda path: (path / "model.bin").is_file(),
+           TEXT_OPTIONS, "a CTranslate2 model (model.bin)"),
     Reader("transformers", "import_transformers", "read_transformers",
            lambda path: (path / "config.json").is_file(), (), "a transformers model (config.json)"),
     Reader("marian", "import_marian", "read_marian", lambda path: path.is_dir() and any(path.glob("*.npz")), (),

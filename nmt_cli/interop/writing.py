@@ -67,6 +67,7 @@ def text_files(bundle: ModelBundle, out: Path) -> None:
     if search.lenpen_start:
         form += ", with |Y| counting <s> too (OpenNMT-py's)"
     about = {"text_config": text.to_dict(), "steps": steps, "model_config": bundle.model.config.to_dict(),
+             "released": bundle.released.to_dict(),  # what `nmt import` of the export takes back
              "search": {"beam_size": search.beam, "length_penalty": search.lenpen,
                         "max_decoding_length": bundle.model.config.max_positions - 1,
                         "min_decoding_length": search.min_len, "no_repeat_ngram_size": search.no_repeat_ngram_size,
