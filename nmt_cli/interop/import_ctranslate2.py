@@ -62,7 +62,8 @@ def ctranslate2_release(folder: Path, text_folder: Path, options: ImportConfig, 
                         langs: tuple[str | None, str | None], origin: str,
                         search: dict[str, Any] | None = None) -> Release:
     """The model in `folder`, its text pipeline from `text_folder`'s files (or `options`), for
-    `langs`; `search`: the settings it runs with where the folder does not say (nmt-cli.json)."""
+    `langs`; `search`: the settings it runs with (default: an export of ours, its own; another
+    model, translate_batch's defaults)."""
     model = read_model_bin(folder / "model.bin")
     heads = check_spec(model, folder / "model.bin")
     settings = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
@@ -86,12 +87,10 @@ def ctranslate2_release(folder: Path, text_folder: Path, options: ImportConfig, 
     if start == names["eos"] and not zero_start:  # (a zero start's token is any: Marian's converted)
         config = config.replace(decoder_start="eos")
     text, pieces, codes = text_pipeline(folder, text_folder, options, langs, about)
-    if about:  # an export of ours: its own search (none: nmt-cli's defaults), what it never outputs, its origin
-        released = about.get("released") if isinstance(about.get("released"), dict) else {}
-        search, never, origin = dict(released.get("search") or {}), list(released.get("never_output") or []), \
-            released.get("origin") or origin
-    else:
-        search, never = search or dict(CTRANSLATE2_SEARCH), []
+    released = about.get("released") if isinstance(about.get("released"), dict) else {}
+    never = list(released.get("never_output") or [])
+    if search is None:  # an export of ours searches as it did (nmt-cli's defaults), another as CTranslate2
+        search = dict(released.get("search") or {}) if about else dict(CTRANSLATE2_SEARCH)
     return Release(config, weights, source, target, shared, text, pieces[0], pieces[1], codes, search, never, origin,
                    order)
 

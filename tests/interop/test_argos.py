@@ -6,12 +6,15 @@ search; the package comes back through `nmt import` bit for bit (float32) or as 
 computes (int8); an imported package fine-tunes and goes out again; bad packages and bad
 requests are one line."""
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,9 @@ from conftest import (
     USER_CACHE,
     built_once,
     cli,
+    free_port,
+    request,
+    serving,
     synthetic_pairs,
     tiny_checkpoint,
     tiny_sentencepiece_checkpoint,
@@ -34,6 +40,7 @@ from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 ARGOS = "argos-translate-lt==1.12.1"  # the argostranslate LibreTranslate 1.9.6 installs
+LIBRETRANSLATE = "libretranslate==1.9.6"
 CLIENT = Path(__file__).resolve().parent / "argos_client.py"
 
 
@@ -41,39 +48,64 @@ def run(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input)
 
 
-@pytest.fixture(scope="session")
-def argos_python() -> Path:
-    """argostranslate's interpreter: a virtual environment of its own, installed from PyPI once into
-    the user's cache (NMT_ARGOS_VENV, default ~/.cache/nmt-cli/argos-translate-lt-1.12.1) under a
-    lock; skips, saying why, where pip cannot install it."""
+def cached_venv(name: str, requirement: str) -> Path:
+    """The interpreter of a virtual environment of `requirement`'s own, installed from PyPI once into
+    the user's cache (NMT_VENV_CACHE, default ~/.cache/nmt-cli) under a lock; skips, saying why,
+    where pip cannot install it."""
     from filelock import FileLock
 
-    home = Path(os.environ.get("NMT_ARGOS_VENV") or USER_CACHE / "argos-translate-lt-1.12.1")
+    home = Path(os.environ.get("NMT_VENV_CACHE") or USER_CACHE) / name
     home.parent.mkdir(parents=True, exist_ok=True)
     python = home / "bin" / "python"
     with FileLock(f"{home}.lock"):
         if not (home / "installed").exists():
             shutil.rmtree(home, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, capture_output=True)
-            done = subprocess.run([str(python), "-m", "pip", "install", "-q", ARGOS], capture_output=True, text=True,
-                                  timeout=1200)
+            done = subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], capture_output=True,
+                                  text=True, timeout=1200)
             if done.returncode != 0:
-                pytest.skip(f"pip could not install {ARGOS}: {done.stderr.strip().splitlines()[-1:]}")
+                pytest.skip(f"pip could not install {requirement}: {done.stderr.strip().splitlines()[-1:]}")
             (home / "installed").touch()
     return python
 
 
-def argos(python: Path, package: Path, texts: list[str], where: Path, pair=("src", "tgt")) -> dict:
-    """argostranslate's translations of `texts` with `package` installed into a fresh `where`, with
-    no network and none of the project's environment, and MiniSBD's sentences of each paragraph."""
+@pytest.fixture(scope="session")
+def argos_python() -> Path:
+    return cached_venv("argos-translate-lt-1.12.1", ARGOS)
+
+
+@pytest.fixture(scope="session")
+def libretranslate_python() -> Path:
+    return cached_venv("libretranslate-1.9.6", LIBRETRANSLATE)
+
+
+def argos_env(where: Path) -> dict[str, str]:
+    """argostranslate's environment: its folders under `where`, none of the project's variables."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(ARGOS_PACKAGES_DIR=str(where / "packages"), XDG_DATA_HOME=str(where / "data"),
                XDG_CACHE_HOME=str(where / "cache"), XDG_CONFIG_HOME=str(where / "config"), ARGOS_DEVICE_TYPE="cpu")
-    request = {"package": str(package), "from": pair[0], "to": pair[1], "texts": texts}
+    return env
+
+
+def argos(python: Path, packages: list[Path], texts: list[str], where: Path, pair=("src", "tgt")) -> list[str]:
+    """argostranslate's translations of `texts` with `packages` installed into a fresh `where`, with
+    no network."""
+    request = {"packages": [str(p) for p in packages], "from": pair[0], "to": pair[1], "texts": texts}
     done = subprocess.run([str(python), str(CLIENT)], input=json.dumps(request), capture_output=True, text=True,
-                          env=env, timeout=600)
+                          env=argos_env(where), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+def splits(package: Path, texts: list[str], where: Path) -> list[list[list[str]]]:
+    """Each text's paragraphs (its lines, as argostranslate splits a text first), each split into
+    sentences by MiniSBD with the package's own model, as argostranslate does."""
+    minisbd = pytest.importorskip("minisbd", reason="MiniSBD (argostranslate's splitter) is in the dev extra")
+    with zipfile.ZipFile(package) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".onnx")]
+        z.extract(name, where)
+    splitter = minisbd.SBDetect(str(where / name), use_gpu=False)
+    return [[splitter.sentences(paragraph) for paragraph in text.split("\n")] for text in texts]
 
 
 def as_argos(model: Path, texts: list[str], sentences: list[list[list[str]]]) -> list[str]:
@@ -205,19 +237,20 @@ def test_argostranslate_translates_as_nmt_translate_with_argos_search(packages, 
     paragraphs as newlines split them), from an fp32 package; the int8 package translates too."""
     lines = (packages / "raw/valid.src").read_text().splitlines()
     texts = lines + [" ".join(lines[i:i + 3]) for i in range(0, 12, 3)] + ["\n".join(lines[20:23])]
-    found = argos(argos_python, packages / "float32.argosmodel", texts, tmp_path / "fp32")
-    expected = as_argos(packages / "ck/checkpoint_last.pt", texts, found["sentences"])
-    same = sum(a == b for a, b in zip(found["translations"], expected))
-    assert same >= 0.99 * len(texts), [(a, b) for a, b in zip(found["translations"], expected) if a != b]
-    assert sum(found["translations"][k] == lines[k] for k in range(len(lines))) > len(lines) // 2  # it copies
-    assert any(len(paragraph) > 1 for text in found["sentences"] for paragraph in text)  # paragraphs were split
-    int8 = argos(argos_python, packages / "int8.argosmodel", lines[:5], tmp_path / "int8")
-    assert all(int8["translations"])
+    found = argos(argos_python, [packages / "float32.argosmodel"], texts, tmp_path / "fp32")
+    sentences = splits(packages / "float32.argosmodel", texts, tmp_path)
+    expected = as_argos(packages / "ck/checkpoint_last.pt", texts, sentences)
+    same = sum(a == b for a, b in zip(found, expected))
+    assert same >= 0.99 * len(texts), [(a, b) for a, b in zip(found, expected) if a != b]
+    assert sum(found[k] == lines[k] for k in range(len(lines))) > len(lines) // 2  # it copies
+    assert any(len(paragraph) > 1 for text in sentences for paragraph in text)  # paragraphs were split
+    assert all(argos(argos_python, [packages / "int8.argosmodel"], lines[:5], tmp_path / "int8"))
 
 
 @NEEDS_CTRANSLATE2
 def test_a_package_comes_back_through_import(packages, tmp_path):
-    """float32: bit for bit; from the file and from an installed package's folder alike."""
+    """float32: bit for bit, with Argos's search; from the file and from an installed package's
+    folder alike."""
     assert run("import", packages / "float32.argosmodel", "-o", tmp_path / "back.pt").exit_code == 0
     with zipfile.ZipFile(packages / "float32.argosmodel") as z:
         z.extractall(tmp_path / "installed")
@@ -226,14 +259,78 @@ def test_a_package_comes_back_through_import(packages, tmp_path):
     for path in (tmp_path / "back.pt", tmp_path / "folder.pt"):
         back = ckpt.load(path)
         assert back["model_config"] == original["model_config"] and back["text_config"] == original["text_config"]
+        assert back["released"]["search"] == ARGOS_SEARCH  # a package searches as Argos does
         assert all(torch.equal(back["model"][name], tensor) for name, tensor in original["model"].items())
+
+
+def both_ways(package: Path, out: Path) -> Path:
+    """The package again as the other direction's (its metadata's codes swapped): LibreTranslate
+    downloads models at its start unless two packages are installed."""
+    with zipfile.ZipFile(package) as z, zipfile.ZipFile(out, "w") as reverse:
+        for info in z.infolist():
+            data = z.read(info.filename)
+            if info.filename.endswith("/metadata.json"):
+                metadata = json.loads(data)
+                metadata["from_code"], metadata["to_code"] = metadata["to_code"], metadata["from_code"]
+                data = json.dumps(metadata).encode()
+            reverse.writestr(info.filename.replace("translate-", "reverse-"), data)
+    return out
+
+
+@contextlib.contextmanager
+def libretranslate(python: Path, argos_python: Path, package: Path, where: Path) -> Iterator[str]:
+    """LibreTranslate, unmodified, on 127.0.0.1 with `package` installed (--load-only its pair), no
+    network; yields its URL."""
+    where.mkdir(parents=True, exist_ok=True)
+    argos(argos_python, [package, both_ways(package, where / "reverse.argosmodel")], [], where)
+    port, log = free_port(), where / "libretranslate.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([str(python.parent / "libretranslate"), "--host", "127.0.0.1", "--port", str(port),
+                                    "--load-only", "src,tgt"], env=argos_env(where), stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if request(url + "/languages")[0] == 200:
+                    break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 @pytest.mark.slow
 @NEEDS_CTRANSLATE2
-def test_a_package_fine_tunes_and_goes_out_again(packages, argos_python, tmp_path):
+def test_libretranslate_and_nmt_serve_give_the_packages_lines(packages, libretranslate_python, argos_python,
+                                                               tmp_path):
+    """LibreTranslate 1.9.6 serving the fp32 package, called with libretranslatepy, translates as
+    argostranslate does; `nmt serve` of the imported package gives the same lines through the same
+    client where MiniSBD keeps a line whole (nmt serve translates lines, not sentences)."""
+    from libretranslatepy import LibreTranslateAPI
+
+    package = packages / "float32.argosmodel"
+    lines = (packages / "raw/valid.src").read_text().splitlines()[:20]
+    with libretranslate(libretranslate_python, argos_python, package, tmp_path / "lt") as url:
+        theirs = [LibreTranslateAPI(url).translate(line, "src", "tgt") for line in lines]
+    assert theirs == as_argos(packages / "ck/checkpoint_last.pt", lines, splits(package, lines, tmp_path))
+    assert run("import", package, "-o", tmp_path / "imported.pt").exit_code == 0
+    _, url, _ = serving(tmp_path, model=tmp_path / "imported.pt")
+    ours = [LibreTranslateAPI(url).translate(line, "src", "tgt") for line in lines]
+    whole = [k for k, text in enumerate(splits(package, lines, tmp_path)) if len(text[0]) == 1]
+    assert len(whole) > len(lines) // 2 and [ours[k] for k in whole] == [theirs[k] for k in whole]
+
+
+@pytest.mark.slow
+@NEEDS_CTRANSLATE2
+def test_a_package_fine_tunes_and_libretranslate_serves_it(packages, libretranslate_python, argos_python, tmp_path):
     """An int8 package, as published ones are: imported, fine-tuned on another task (its validation
-    loss falls), exported again, and argostranslate translates with the new package as nmt does."""
+    loss falls), exported again, and LibreTranslate translates with the new package as nmt does."""
+    from libretranslatepy import LibreTranslateAPI
+
     imported = tmp_path / "imported.pt"
     result = run("import", packages / "int8.argosmodel", "-o", imported)
     assert result.exit_code == 0, result.output
@@ -241,12 +338,16 @@ def test_a_package_fine_tunes_and_goes_out_again(packages, argos_python, tmp_pat
     log = [json.loads(line) for line in (tmp_path / "tune/ck/train_log.jsonl").read_text().splitlines()]
     losses = [row["loss"] for row in log if row["kind"] == "valid"]
     assert len(losses) >= 2 and losses[-1] < losses[0]
-    result = run("export", "-m", tuned, "--format", "argos", "-o", tmp_path / "tuned.argosmodel", "--quantize",
-                 "float32", "--sentences", tmp_path / "tune/raw/train.src")
+    package = tmp_path / "tuned.argosmodel"
+    result = run("export", "-m", tuned, "--format", "argos", "-o", package, "--quantize", "float32", "--sentences",
+                 tmp_path / "tune/raw/train.src")
     assert result.exit_code == 0, result.output
     lines = (tmp_path / "tune/raw/valid.src").read_text().splitlines()[:20]
-    found = argos(argos_python, tmp_path / "tuned.argosmodel", lines, tmp_path / "argos")
-    assert found["translations"] == as_argos(tuned, lines, found["sentences"])
+    with libretranslate(libretranslate_python, argos_python, package, tmp_path / "lt") as url:
+        theirs = [LibreTranslateAPI(url).translate(line, "src", "tgt") for line in lines]
+    assert theirs == as_argos(tuned, lines, splits(package, lines, tmp_path))
+    reversed_lines = sum(a == " ".join(reversed(b.split())) for a, b in zip(theirs, lines))
+    assert reversed_lines > sum(a == b for a, b in zip(theirs, lines))  # it learned to reverse, not to copy
 
 
 @NEEDS_CTRANSLATE2
