@@ -7,7 +7,9 @@ import contextlib
 import functools
 import importlib.util
 import os
+import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -587,3 +589,38 @@ def serving(tmp_path: Path, *options, model: Path | str | None = None, device: s
     process.kill()
     process.wait()
     raise AssertionError(f"the server did not start: {log.read_text()[-2000:]}")
+
+
+ARGOS = "argos-translate-lt==1.12.1"  # the argostranslate LibreTranslate 1.9.6 installs
+LIBRETRANSLATE = "libretranslate==1.9.6"
+
+
+def cached_venv(name: str, requirement: str) -> Path:
+    """The interpreter of a virtual environment of `requirement`'s own, installed from PyPI once into
+    the user's cache (NMT_VENV_CACHE, default ~/.cache/nmt-cli) under a lock; skips, saying why,
+    where pip cannot install it."""
+    from filelock import FileLock
+
+    home = Path(os.environ.get("NMT_VENV_CACHE") or USER_CACHE) / name
+    home.parent.mkdir(parents=True, exist_ok=True)
+    python = home / "bin" / "python"
+    with FileLock(f"{home}.lock"):
+        if not (home / "installed").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, capture_output=True)
+            done = subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], capture_output=True,
+                                  text=True, timeout=1200)
+            if done.returncode != 0:
+                pytest.skip(f"pip could not install {requirement}: {done.stderr.strip().splitlines()[-1:]}")
+            (home / "installed").touch()
+    return python
+
+
+@pytest.fixture(scope="session")
+def argos_python() -> Path:
+    return cached_venv("argos-translate-lt-1.12.1", ARGOS)
+
+
+@pytest.fixture(scope="session")
+def libretranslate_python() -> Path:
+    return cached_venv("libretranslate-1.9.6", LIBRETRANSLATE)

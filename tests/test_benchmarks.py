@@ -327,3 +327,14 @@ def test_the_avx512_kernel_path_is_forced_only_on_a_cpu_that_has_it(monkeypatch,
     environment = kernel_environment("avx512")
     assert (environment["ATEN_CPU_CAPABILITY"], environment["ONEDNN_MAX_CPU_ISA"]) == (aten, onednn)
     assert kernel_environment("default")["ATEN_CPU_CAPABILITY"] == "default"
+
+
+@pytest.mark.slow
+@NEEDS_CTRANSLATE2
+def test_argos_parity(tmp_path, argos_python):
+    model = tiny_sentencepiece_checkpoint(tmp_path / "m.pt", max_positions=300)
+    lines = write_lines(tmp_path / "in.src", ["a b c", "d e f g. h i", "j"])
+    results = run("argos_parity.py", "-m", model, "--sentences", lines, "--argos-python", argos_python, "-i", lines,
+                  "--ref", lines)
+    assert [r["package"] for r in results] == ["float32", "int8", "nmt"]
+    assert results[0]["lines"] == 3 and 0 <= results[0]["equal_to_nmt"] <= 3 and results[2]["nmt_bleu"] >= 0

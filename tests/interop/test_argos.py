@@ -8,10 +8,7 @@ requests are one line."""
 
 import contextlib
 import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Iterator
@@ -19,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from argos_client import environment, joined, sentences
+from argos_client import translate as argos
 from click.testing import CliRunner
 from conftest import (
     NEEDS_CTRANSLATE2,
-    USER_CACHE,
     built_once,
     cli,
     free_port,
@@ -39,86 +37,25 @@ from nmt_cli.interop.export_argos import ARGOS_FLAGS, ARGOS_SEARCH
 from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-ARGOS = "argos-translate-lt==1.12.1"  # the argostranslate LibreTranslate 1.9.6 installs
-LIBRETRANSLATE = "libretranslate==1.9.6"
-CLIENT = Path(__file__).resolve().parent / "argos_client.py"
-
 
 def run(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input)
 
 
-def cached_venv(name: str, requirement: str) -> Path:
-    """The interpreter of a virtual environment of `requirement`'s own, installed from PyPI once into
-    the user's cache (NMT_VENV_CACHE, default ~/.cache/nmt-cli) under a lock; skips, saying why,
-    where pip cannot install it."""
-    from filelock import FileLock
-
-    home = Path(os.environ.get("NMT_VENV_CACHE") or USER_CACHE) / name
-    home.parent.mkdir(parents=True, exist_ok=True)
-    python = home / "bin" / "python"
-    with FileLock(f"{home}.lock"):
-        if not (home / "installed").exists():
-            shutil.rmtree(home, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, capture_output=True)
-            done = subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], capture_output=True,
-                                  text=True, timeout=1200)
-            if done.returncode != 0:
-                pytest.skip(f"pip could not install {requirement}: {done.stderr.strip().splitlines()[-1:]}")
-            (home / "installed").touch()
-    return python
-
-
-@pytest.fixture(scope="session")
-def argos_python() -> Path:
-    return cached_venv("argos-translate-lt-1.12.1", ARGOS)
-
-
-@pytest.fixture(scope="session")
-def libretranslate_python() -> Path:
-    return cached_venv("libretranslate-1.9.6", LIBRETRANSLATE)
-
-
-def argos_env(where: Path) -> dict[str, str]:
-    """argostranslate's environment: its folders under `where`, none of the project's variables."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(ARGOS_PACKAGES_DIR=str(where / "packages"), XDG_DATA_HOME=str(where / "data"),
-               XDG_CACHE_HOME=str(where / "cache"), XDG_CONFIG_HOME=str(where / "config"), ARGOS_DEVICE_TYPE="cpu")
-    return env
-
-
-def argos(python: Path, packages: list[Path], texts: list[str], where: Path, pair=("src", "tgt")) -> list[str]:
-    """argostranslate's translations of `texts` with `packages` installed into a fresh `where`, with
-    no network."""
-    request = {"packages": [str(p) for p in packages], "from": pair[0], "to": pair[1], "texts": texts}
-    done = subprocess.run([str(python), str(CLIENT)], input=json.dumps(request), capture_output=True, text=True,
-                          env=argos_env(where), timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
-def splits(package: Path, texts: list[str], where: Path) -> list[list[list[str]]]:
-    """Each text's paragraphs (its lines, as argostranslate splits a text first), each split into
-    sentences by MiniSBD with the package's own model, as argostranslate does."""
-    minisbd = pytest.importorskip("minisbd", reason="MiniSBD (argostranslate's splitter) is in the dev extra")
-    with zipfile.ZipFile(package) as z:
-        (name,) = [n for n in z.namelist() if n.endswith(".onnx")]
-        z.extract(name, where)
-    splitter = minisbd.SBDetect(str(where / name), use_gpu=False)
-    return [[splitter.sentences(paragraph) for paragraph in text.split("\n")] for text in texts]
-
-
-def as_argos(model: Path, texts: list[str], sentences: list[list[list[str]]]) -> list[str]:
-    """What Argos makes of each text with `model` searched as Argos does (ARGOS_FLAGS): each
-    paragraph (a line of the text) split into `sentences`, each translated, joined by spaces, the
-    paragraphs by newlines."""
-    flat = write_lines(model.parent / "argos-sentences.txt", [s for text in sentences for paragraph in text
+def as_argos(model: Path, texts: list[str], split: list[list[list[str]]]) -> list[str]:
+    """What Argos makes of each text with `model` searched as Argos does (ARGOS_FLAGS): each of its
+    sentences (`split`) translated, then joined as argostranslate joins them."""
+    flat = write_lines(model.parent / "argos-sentences.txt", [s for text in split for paragraph in text
                                                               for s in paragraph])
     out = flat.with_suffix(".out")
     result = run("translate", "-m", model, "--device", "cpu", *ARGOS_FLAGS.split(), "-i", flat, "-o", out)
     assert result.exit_code == 0, result.output
-    translated = iter(out.read_text(encoding="utf-8").splitlines())
-    return ["\n".join(" ".join(next(translated) for _ in paragraph) for paragraph in text) for text in sentences]
+    return joined(out.read_text(encoding="utf-8").splitlines(), split)
+
+
+def splits(package: Path, texts: list[str], where: Path) -> list[list[list[str]]]:
+    pytest.importorskip("minisbd", reason="MiniSBD (argostranslate's splitter) is in the dev extra")
+    return sentences(package, texts, where)
 
 
 def train_copy_model(tmp: Path, task: str = "copy", init_from: Path | None = None, data: Path | None = None) -> Path:
@@ -286,7 +223,7 @@ def libretranslate(python: Path, argos_python: Path, package: Path, where: Path)
     port, log = free_port(), where / "libretranslate.log"
     with open(log, "w") as out:
         process = subprocess.Popen([str(python.parent / "libretranslate"), "--host", "127.0.0.1", "--port", str(port),
-                                    "--load-only", "src,tgt"], env=argos_env(where), stdout=out, stderr=out)
+                                    "--load-only", "src,tgt"], env=environment(where), stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
