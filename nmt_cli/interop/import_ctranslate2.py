@@ -78,6 +78,9 @@ def ctranslate2_release(folder: Path, text_folder: Path, options: ImportConfig, 
     if settings.get("add_source_bos"):
         raise NmtError(f"{folder / 'config.json'}: add_source_bos: nmt-cli's sources do not start with <s>")
     config, order = architecture(model, heads, settings, about, start != names["bos"], folder)
+    if config.positions == "learned":
+        warn(f"note: {folder / 'model.bin'}: its position table is not a sinusoid of nmt-cli's: kept as learned "
+             "positions (fine-tuning trains them; --freeze positions keeps them)")
     weights = ct2_weights(model, config)
     zero_start = bool(scalar(model, "decoder/start_from_zero_embedding", 0))
     shared = src_tokens == tgt_tokens and model.same(source_embedding(model), "decoder/embeddings/weight")
@@ -86,7 +89,8 @@ def ctranslate2_release(folder: Path, text_folder: Path, options: ImportConfig, 
     grow_rows(weights, (source, target))
     if start == names["eos"] and not zero_start:  # (a zero start's token is any: Marian's converted)
         config = config.replace(decoder_start="eos")
-    text, pieces, codes = text_pipeline(folder, text_folder, options, langs, about)
+    text, pieces, codes, read = text_pipeline(folder, text_folder, options, langs, about)
+    warn(f"note: the text pipeline: {read}")
     released = about.get("released") if isinstance(about.get("released"), dict) else {}
     never = list(released.get("never_output") or [])
     if search is None:  # an export of ours searches as it did (nmt-cli's defaults), another as CTranslate2
@@ -291,35 +295,38 @@ def grow_rows(weights: dict[str, Tensor], sides: tuple[Side, Side]) -> None:
 
 
 def text_pipeline(model: Path, folder: Path, options: ImportConfig, langs: tuple[str | None, str | None],
-                  about: dict[str, Any]) -> tuple[TextConfig, tuple[bytes | None, bytes | None], str | None]:
-    """The text settings, SentencePiece models (source, target) and BPE codes: those given, else
-    nmt-cli.json's beside the `model` (an export of ours), else in `folder` an Argos package's
-    `sentencepiece.model` or `bpe.model`, or a release's `source.spm` and `target.spm` (Marian's,
-    copied by the converter)."""
+                  about: dict[str, Any]) -> tuple[TextConfig, tuple[bytes | None, bytes | None], str | None, str]:
+    """The text settings, SentencePiece models (source, target), BPE codes and what was read: those
+    given, else nmt-cli.json's beside the `model` (an export of ours), else in `folder` an Argos
+    package's `sentencepiece.model` or `bpe.model`, or a release's `source.spm` and `target.spm`
+    (Marian's, copied by the converter)."""
     given = options.sentencepiece or options.bpe_codes or options.tokenizer
     if isinstance(about.get("text_config"), dict) and not given:
         text = TextConfig.from_dict(about["text_config"])
+        files = [model / n for n in ("spm.model", "spm.target.model", "bpe.codes") if (model / n).is_file()]
         pieces = [sentencepiece_file(model / n) if (model / n).is_file() else None
                   for n in ("spm.model", "spm.target.model")]
         codes = read_codes(model / "bpe.codes") if (model / "bpe.codes").is_file() else None
-        return text, (pieces[0], pieces[1] or pieces[0]), codes
+        return text, (pieces[0], pieces[1] or pieces[0]), codes, " and ".join(map(str, [model / "nmt-cli.json",
+                                                                                         *files]))
     source, target = langs
     if source is None or target is None:
         raise NmtError(f"{folder}: the model names no languages: give -s SRC -t TGT")
     if given:
         text = peer_text((source, target), options.tokenizer, options.sentencepiece is not None, "CTranslate2")
         piece = sentencepiece_file(options.sentencepiece) if options.sentencepiece else None
-        return text, (piece, piece), read_codes(options.bpe_codes) if options.bpe_codes else None
+        codes = read_codes(options.bpe_codes) if options.bpe_codes else None
+        return text, (piece, piece), codes, "as given"
     if (folder / "sentencepiece.model").is_file():
         piece = sentencepiece_file(folder / "sentencepiece.model")
-        return TextConfig(source_lang=source, target_lang=target, subword="sentencepiece"), (piece, piece), None
+        text = TextConfig(source_lang=source, target_lang=target, subword="sentencepiece")
+        return text, (piece, piece), None, str(folder / "sentencepiece.model")
     if (folder / "bpe.model").is_file():  # Argos' BPETokenizer: sacremoses' defaults, then subword-nmt
         text = TextConfig(source_lang=source, target_lang=target, subword="bpe", tokenizer="moses", escape=True,
                           protect_tags=False)
-        return text, (None, None), read_codes(folder / "bpe.model")
+        return text, (None, None), read_codes(folder / "bpe.model"), f"Moses, then {folder / 'bpe.model'}"
     if (folder / "source.spm").is_file() and (folder / "target.spm").is_file():
-        return marian_text((source, target)), (sentencepiece_file(folder / "source.spm"),
-                                               sentencepiece_file(folder / "target.spm")), None
+        pieces = (sentencepiece_file(folder / "source.spm"), sentencepiece_file(folder / "target.spm"))
+        return marian_text((source, target)), pieces, None, f"{folder / 'source.spm'} and {folder / 'target.spm'}"
     raise NmtError(f"{folder}: no text pipeline beside the model (sentencepiece.model, bpe.model, source.spm): give "
                    "--sentencepiece, --bpe-codes, or --tokenizer none for word tokens")
-

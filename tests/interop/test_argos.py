@@ -188,7 +188,8 @@ def test_argostranslate_translates_as_nmt_translate_with_argos_search(packages, 
 def test_a_package_comes_back_through_import(packages, tmp_path):
     """float32: bit for bit, with Argos's search; from the file and from an installed package's
     folder alike."""
-    assert run("import", packages / "float32.argosmodel", "-o", tmp_path / "back.pt").exit_code == 0
+    result = run("import", packages / "float32.argosmodel", "-o", tmp_path / "back.pt")
+    assert result.exit_code == 0 and "note: the text pipeline: " in result.output and "nmt-cli.json" in result.output
     with zipfile.ZipFile(packages / "float32.argosmodel") as z:
         z.extractall(tmp_path / "installed")
     assert run("import", tmp_path / "installed" / "translate-src_tgt-1_0", "-o", tmp_path / "folder.pt").exit_code == 0

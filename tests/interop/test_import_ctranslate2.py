@@ -67,7 +67,10 @@ def test_a_float32_export_comes_back_bit_for_bit(tmp_path, variant, shared):
 @NEEDS_CTRANSLATE2
 def test_an_int8_export_comes_back_as_ctranslate2_computes_with_it(tmp_path):
     model = exported(tmp_path, "int8", **VARIANTS[1])
-    back, original = import_model(tmp_path / "ct2", tmp_path / "back.pt")["model"], ckpt.load(model)["model"]
+    notes = []
+    back = import_model(tmp_path / "ct2", tmp_path / "back.pt", warn=notes.append)["model"]
+    original = ckpt.load(model)["model"]
+    assert any("kept as learned positions" in note for note in notes)  # its positions were learned
     for name, tensor in original.items():
         quantized = name.endswith("weight") and tensor.dim() == 2 and "learned" not in name and "norm" not in name
         assert torch.equal(back[name], int8(tensor) if quantized else tensor), name
@@ -90,6 +93,8 @@ def test_without_nmt_cli_json_the_search_is_ctranslate2s_and_the_text_is_given(t
     assert refused.exit_code == 1 and "give -s SRC -t TGT" in refused.output
     refused = run("import", tmp_path / "ct2", "-o", tmp_path / "x.pt", "-s", "en", "-t", "de")
     assert refused.exit_code == 1 and "give --sentencepiece, --bpe-codes, or --tokenizer none" in refused.output
+    said = run("import", tmp_path / "ct2", "-o", tmp_path / "x.pt", "-s", "en", "-t", "de", "--tokenizer", "none")
+    assert said.exit_code == 0 and "note: the text pipeline: as given" in said.output
     back = import_model(tmp_path / "ct2", tmp_path / "x.pt", options=ImportConfig("en", "de", tokenizer="none"))
     assert back["released"]["search"]["beam"] == 2 and back["released"]["search"]["stopping"] == "early"
     assert back["text_config"]["source_lang"] == "en"

@@ -17,6 +17,7 @@ from conftest import EN_MG, cli, multi30k_lines
 from nmt_cli.decode.translator import Translator
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
+from nmt_cli.run_config import ImportConfig
 
 D, FFN, HEADS, LAYERS = 64, 128, 4, 2
 
@@ -95,6 +96,12 @@ def test_greedy_translations_are_ctranslate2s(tmp_path, norm, activation, output
     ours = [pipeline.tgt_vocab.decode(hyps[0].tokens) for hyps in found]
     assert ours == [r.hypotheses[0] for r in results]
     assert len({tuple(row) for row in ours}) > len(lines) // 10  # translations that differ from line to line
+    for name in ("source.spm", "target.spm"):  # as the converter's --copy_files would put them
+        shutil.copy(directory / name, tmp_path / "ct2" / name)
+    import_model(tmp_path / "ct2", tmp_path / "from-ct2.pt", options=ImportConfig("en", "mg"))  # and back again
+    again = Translator.load(tmp_path / "from-ct2.pt", device="cpu")
+    _, found = again.engine.search(lines, again.search_config(beam=1, max_len_a=0, max_len_b=12))
+    assert [again.engine.pipeline.tgt_vocab.decode(hyps[0].tokens) for hyps in found] == ours
 
 
 @pytest.mark.slow
