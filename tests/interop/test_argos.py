@@ -24,6 +24,7 @@ from conftest import (
     built_once,
     cli,
     free_port,
+    multi30k_lines,
     request,
     serving,
     synthetic_pairs,
@@ -58,21 +59,24 @@ def splits(package: Path, texts: list[str], where: Path) -> list[list[list[str]]
     return sentences(package, texts, where)
 
 
-def train_copy_model(tmp: Path, task: str = "copy", init_from: Path | None = None, data: Path | None = None) -> Path:
-    """A tiny SentencePiece model trained for seconds on letters (`task`), positions enough for
-    Argos's 256 output tokens; `init_from`: fine-tuned from that checkpoint, on data made with its
-    text pipeline."""
+def train_copy_model(tmp: Path, task: str = "copy", init_from: Path | None = None,
+                     pairs: dict[str, list[tuple[str, str]]] | None = None,
+                     text: tuple[object, ...] = ("--subword", "sentencepiece", "--vocab-size", 40)) -> Path:
+    """A tiny model trained for seconds on letters (`task`), or on `pairs` by split, positions enough
+    for Argos's 256 output tokens, its text pipeline `text` (preprocess's flags); `init_from`:
+    fine-tuned from that checkpoint, on data made with its text pipeline."""
     from nmt_cli.config import TrainConfig
     from nmt_cli.model.architecture import PRESETS
     from nmt_cli.train.run import TrainingRun
 
     raw = tmp / "raw"
     raw.mkdir(parents=True)
-    for split, n, seed in (("train", 400, 0), ("valid", 40, 1000)):
-        pairs = synthetic_pairs(n, seed, task)
-        write_lines(raw / f"{split}.src", [s for s, _ in pairs])
-        write_lines(raw / f"{split}.tgt", [t for _, t in pairs])
-    given = ["--from-model", init_from] if init_from else ["--subword", "sentencepiece", "--vocab-size", 40]
+    pairs = pairs or {split: synthetic_pairs(n, seed, task) for split, n, seed in (("train", 400, 0),
+                                                                                    ("valid", 40, 1000))}
+    for split, split_pairs in pairs.items():
+        write_lines(raw / f"{split}.src", [s for s, _ in split_pairs])
+        write_lines(raw / f"{split}.tgt", [t for _, t in split_pairs])
+    given = ["--from-model", init_from] if init_from else text
     result = cli("preprocess", "-s", "src", "-t", "tgt", "--trainpref", raw / "train", "--validpref", raw / "valid",
                  "--destdir", tmp / "data", *given, "--quiet", "--workers", 1)
     assert result.exit_code == 0, result.output
@@ -286,6 +290,26 @@ def test_a_package_fine_tunes_and_libretranslate_serves_it(packages, libretransl
     assert theirs == as_argos(tuned, lines, splits(package, lines, tmp_path))
     reversed_lines = sum(a == " ".join(reversed(b.split())) for a, b in zip(theirs, lines))
     assert reversed_lines > sum(a == b for a, b in zip(theirs, lines))  # it learned to reverse, not to copy
+
+
+@pytest.mark.slow
+@NEEDS_CTRANSLATE2
+def test_a_moses_and_bpe_model_goes_out_as_argos_reads_it(argos_python, tmp_path):
+    """Argos' other text pipeline, `bpe.model`: sacremoses' normalizer and tokenizer with their
+    defaults (escaping, no tag protection), then subword-nmt; a model trained on exactly that is
+    exported with it, and argostranslate translates real text with it as nmt does."""
+    english = multi30k_lines(330, "en")
+    pairs = {"train": [(line, line) for line in english[:300]], "valid": [(line, line) for line in english[300:]]}
+    model = train_copy_model(tmp_path / "m", pairs=pairs, text=("--escape", "--no-protect-tags", "--bpe-merges", 300))
+    package = tmp_path / "bpe.argosmodel"
+    result = run("export", "-m", model, "--format", "argos", "-o", package, "--quantize", "float32", "--sentences",
+                 tmp_path / "m/raw/train.src")
+    assert result.exit_code == 0, result.output
+    with zipfile.ZipFile(package) as z:
+        assert any(name.endswith("/bpe.model") for name in z.namelist())
+    lines = english[300:] + ["Tom's dog & the cat's <b>ball</b> [red] | \"big\" -- 3.5% ..."]
+    found = argos(argos_python, [package], lines, tmp_path / "argos")
+    assert found == as_argos(model, lines, splits(package, lines, tmp_path))
 
 
 @NEEDS_CTRANSLATE2
