@@ -80,7 +80,7 @@ def ctranslate2_release(folder: Path, text_folder: Path, options: ImportConfig, 
     config, order = architecture(model, heads, settings, about, start != names["bos"], folder)
     if config.positions == "learned":
         warn(f"note: {folder / 'model.bin'}: its position table is not a sinusoid of nmt-cli's: kept as learned "
-             "positions (fine-tuning trains them; --freeze positions keeps them)")
+             "positions, which fine-tuning trains")
     weights = ct2_weights(model, config)
     zero_start = bool(scalar(model, "decoder/start_from_zero_embedding", 0))
     shared = src_tokens == tgt_tokens and model.same(source_embedding(model), "decoder/embeddings/weight")

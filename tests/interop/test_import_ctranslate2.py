@@ -1,10 +1,13 @@
 """`nmt import` of a CTranslate2 model directory: what `nmt export --format ctranslate2` wrote comes
 back bit for bit in float32, and as CTranslate2 computes with it in int8 (q / scale, the scale
 computed here by CTranslate2's own rule), for every architecture nmt-cli trains; what CTranslate2's
-converter made of an OPUS-MT release (`ct2-transformers-converter`) translates greedily as
-transformers' generate(); what ours cannot hold is refused in one line naming it."""
+converters made of an OPUS-MT release (`ct2-transformers-converter`) translates greedily as
+transformers' generate(), and of fairseq's checkpoints (`ct2-fairseq-converter`, the fixtures of
+tests/fixtures/ctranslate2/make.sh) as fairseq does; what ours cannot hold is refused in one line
+naming it. (Marian's converter: tests/interop/test_import_marian.py.)"""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from nmt_cli.interop.importer import import_model
 from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.run_config import ImportConfig
 
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VARIANTS = [{}, {"norm": "pre", "positions": "learned", "tied_output": False, "output_bias": True},
             {"activation": "gelu", "scale_embeddings": False, "source_eos": False},
             {"decoder_start": "eos", "norm_eps": 1e-6}]
@@ -164,3 +168,17 @@ def test_an_opus_mt_release_converted_by_ctranslate2_translates_as_generate(tmp_
     ours = translator.translate(lines, beam=1, max_len_a=0, max_len_b=22, at_limit="free", min_len=0)
     assert ours == theirs
     assert len(set(ours)) > 10
+
+
+@pytest.mark.parametrize("variant", ["post", "pre"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_ctranslate2s_conversion_of_fairseq_models_translates_as_fairseq(tmp_path, variant, beam):
+    """Searched as fairseq searches (the settings the import of its checkpoint takes), the
+    conversion gives fairseq's own translations; its positions, fairseq's table, come as learned."""
+    words = ImportConfig("en", "de", tokenizer="none")
+    direct = import_model(FIXTURES / "fairseq" / variant / "checkpoint.pt", tmp_path / "direct.pt", options=words)
+    converted = import_model(FIXTURES / "ctranslate2" / f"fairseq-{variant}", tmp_path / "m.pt", options=words)
+    assert converted["model_config"] == direct["model_config"]
+    search = {"at_limit": "scored", **direct["released"]["search"], "beam": beam}
+    ours = Translator.load(tmp_path / "m.pt", device="cpu").translate(multi30k_lines(20, "en", "val"), **search)
+    assert ours == (FIXTURES / "fairseq" / variant / f"valid.beam{beam}.de").read_text().splitlines()
