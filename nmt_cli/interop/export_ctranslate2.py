@@ -54,7 +54,8 @@ def write_ctranslate2(bundle: ModelBundle, folder: Path, quantization: str | Non
     pre_norm = config.norm == "pre"
     activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[config.activation])
     spec = transformer_spec.TransformerSpec.from_config((config.encoder_layers, config.decoder_layers),
-                                                        config.heads, pre_norm=pre_norm, activation=activation)
+                                                        config.heads, pre_norm=pre_norm, activation=activation,
+                                                        layernorm_embedding=config.embedding_norm)
     _embeddings(spec, model)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
         _attention(layer_spec.self_attention, layer.self_attn, layer.sublayers[0].norm)
@@ -106,6 +107,8 @@ def _embeddings(spec: Any, model: Transformer) -> None:
         side.scale_embeddings = model.config.scale_embeddings
         table = embedding.learned.weight if embedding.learned is not None else embedding.sinusoid
         side.position_encodings.encodings = _array(table)
+        if embedding.norm is not None:
+            _norm(side.layernorm_embedding, embedding.norm)
     spec.encoder.embeddings[0].weight = _array(model.src_embed.tokens.weight)
     spec.decoder.embeddings.weight = _array(model.tgt_embed.tokens.weight)
     _linear(spec.decoder.projection, model.output_projection)  # tied to the embedding (§3.4) unless untied

@@ -96,6 +96,7 @@ def check_marian(bundle: ModelBundle) -> None:
     config, text = bundle.model.config, bundle.text
     reasons = [(config.norm == "pre", "a pre-norm model (MarianMTModel's layers are post-norm)"),
                (config.positions == "learned", "learned positions (Marian's are sinusoidal)"),
+               (config.embedding_norm, "a layer norm on the embeddings"),
                (not config.source_eos, "a model of sources without </s> (MarianTokenizer ends each with one)"),
                (config.d_k != config.d_model // config.heads or config.d_v != config.d_k,
                 f"d_k {config.d_k} and d_v {config.d_v} (Marian's heads are d_model / heads = "

@@ -13,8 +13,9 @@ CTranslate2's `TransformerSpec` is ours up to layouts the import undoes exactly:
 - a decoder that starts from a zero vector (Marian's) starts from a zero row of our <s>;
 - a source gets </s> where its config says so or its decoder starts from another token than <s>
   (fairseq's </s>, Marian's <pad>: their tokenizers end every source with </s>).
-What ours cannot hold (a layer norm on the embeddings, relative or rotary positions, RMS norms,
-gated FFNs, source features, another activation) is refused in one line naming the variable; so
+A layer norm on the embeddings (BART's, mBART's) is ours with `embedding_norm`. What ours cannot
+hold (relative or rotary positions, RMS norms, gated FFNs, source features, another activation)
+is refused in one line naming the variable; so
 is a model.bin of another kind (Whisper, a decoder-only language model), naming its spec.
 """
 
@@ -39,11 +40,10 @@ from nmt_cli.run_config import ImportConfig
 SPECS = {"TransformerSpec": None, "TransformerBase": 8, "TransformerBig": 16}  # their heads, where not stored
 ACTIVATIONS = {0: "relu", 1: "gelu-tanh", 2: "swish", 3: "gelu", 4: "gelu-sigmoid"}  # common_spec.Activation
 # Scalars of the spec and the values ours can hold (absent: CTranslate2's default, which ours is).
-FLAGS = {"with_relative_position": 0, "layernorm_embedding": 0, "embeddings_merge": 0, "alibi": 0,
+FLAGS = {"with_relative_position": 0, "embeddings_merge": 0, "alibi": 0,
          "alibi_use_positive_positions": 0, "scale_alibi": 0, "multi_query_attention": 0}
 # What a variable ours has no place for is, by a part of its name.
-UNHELD = {"layernorm_embedding": "a layer norm on the embeddings, as BART's and mBART's",
-          "relative": "relative positions", "linear_0_noact": "a gated FFN", "embeddings_1": "source features",
+UNHELD = {"relative": "relative positions", "linear_0_noact": "a gated FFN", "embeddings_1": "source features",
           "rotary": "rotary positions", "project_in": "projections around the decoder"}
 # translate_batch's defaults, the search a CTranslate2 model runs where nothing else says.
 CTRANSLATE2_SEARCH = {"beam": 2, "lenpen": 1.0, "lenpen_form": "length", "stopping": "early", "at_limit": "cut",
@@ -173,6 +173,7 @@ def architecture(model: ModelBin, heads: int | None, settings: dict[str, Any], a
             scale_embeddings=bool(scales[0]), tied_output=model.same("decoder/projection/weight",
                                                                       "decoder/embeddings/weight"),
             output_bias=model.get("decoder/projection/bias") is not None,
+            embedding_norm=model.get("decoder/layernorm_embedding/gamma") is not None,
             norm_eps=float(settings.get("layer_norm_epsilon") or LAYER_NORM_EPSILON),
             source_eos=bool(settings.get("add_source_eos")) or other_start, **kept)
     except (ValueError, TypeError) as e:
@@ -241,6 +242,8 @@ def ct2_weights(model: ModelBin, config: ModelConfig) -> dict[str, Tensor]:
     if config.output_bias:
         weights["output_projection.bias"] = take("decoder/projection/bias")
     for side, ours in (("encoder", "src_embed"), ("decoder", "tgt_embed")):
+        if config.embedding_norm:
+            norm(f"{ours}.norm", f"{side}/layernorm_embedding")
         table = take(f"{side}/position_encodings/encodings")
         if config.positions == "learned":
             weights[f"{ours}.learned.weight"] = table[:config.max_positions]

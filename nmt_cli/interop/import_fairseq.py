@@ -36,7 +36,7 @@ from nmt_cli.text.vocab import Vocabulary
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0 to 3 of a fairseq Dictionary
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}
 # Options fairseq's Transformer may set that ours cannot hold: each refused where it is on.
-UNSUPPORTED = {"layernorm_embedding": "a layer norm on the embeddings", "adaptive_input": "adaptive input",
+UNSUPPORTED = {"adaptive_input": "adaptive input",
                "no_token_positional_embeddings": "no positions at all", "cross_self_attention": "cross+self-attention",
                "no_cross_attention": "no encoder-decoder attention", "adaptive_softmax_cutoff": "adaptive softmax",
                "quant_noise_pq": "quantization noise", "encoder_layers_to_keep": "pruned layers",
@@ -146,7 +146,7 @@ def fairseq_config(options: dict[str, Any], path: Path) -> tuple[ModelConfig, bo
             max_positions=min(options.get("max_source_positions", 1024), options.get("max_target_positions", 1024)),
             activation=ACTIVATIONS[activation], norm="pre" if options.get("encoder_normalize_before") else "post",
             scale_embeddings=not options.get("no_scale_embedding"), tied_output=tied, output_bias=False,
-            decoder_start="eos")
+            decoder_start="eos", embedding_norm=bool(options.get("layernorm_embedding")))
     except KeyError as e:
         raise NmtError(f"{path}: its options have no {e.args[0]!r}") from None
     except (ValueError, TypeError) as e:
@@ -185,6 +185,9 @@ def fairseq_weights(state: dict[str, Tensor], config: ModelConfig, shared: bool,
             raise NmtError(f"{path}: {side}.embed_positions.weight has {table.size(0)} rows, fewer than "
                            f"{first + config.max_positions}")
         weights[f"{ours}.learned.weight"] = table[first:first + config.max_positions].float()
+        if config.embedding_norm:  # --layernorm-embedding
+            for kind in ("weight", "bias"):
+                weights[f"{ours}.norm.{kind}"] = take(f"{side}.layernorm_embedding.{kind}")
     for side, layers in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
         for i in range(layers):
             weights.update(layer_weights(take, side, i))

@@ -52,6 +52,8 @@ class ModelConfig(Options):
     norm_eps: float = knob(1e-5, "The layer norms' epsilon (OpenNMT-py's models: 1e-6).", min=0.0, max=1.0)
     source_eos: bool = knob(True, "A source ends with </s> (OpenNMT-py's models read sources without).",
                             negation="--no-source-eos")
+    embedding_norm: bool = knob(False, "A layer norm on the embeddings after the positions are added (not the "
+                                "paper's: BART's and mBART's, fairseq's --layernorm-embedding; `nmt import` keeps it).")
     decoder_start: str = knob("bos", "The row a target starts from: <s>'s (bos), or </s>'s (eos, as fairseq's models "
                               "do).", choices=DECODER_STARTS)
 
@@ -107,6 +109,8 @@ class ModelConfig(Options):
         total += src_vocab * d if shared_vocab else (src_vocab + tgt_vocab) * d
         if self.norm == "pre":
             total += 2 * norm
+        if self.embedding_norm:
+            total += 2 * norm
         if self.positions == "learned":
             total += 2 * self.max_positions * d
         total += (0 if self.tied_output else tgt_vocab * d) + (tgt_vocab if self.output_bias else 0)
@@ -155,7 +159,7 @@ TABLE3: tuple[PaperRow, ...] = (
 
 ARCHITECTURE_FIELDS = (
     "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "positions", "norm", "activation",
-    "scale_embeddings", "tied_output", "output_bias",
+    "scale_embeddings", "tied_output", "output_bias", "embedding_norm",
 )
 
 

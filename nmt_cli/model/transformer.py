@@ -34,7 +34,8 @@ def positional_encoding(length: int, d_model: int, offset: int = 0) -> Tensor:
 
 
 class Embedding(nn.Module):
-    """Token embedding scaled by sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
+    """Token embedding scaled by sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4); with
+    `embedding_norm` (not the paper's: BART's), a layer norm before the dropout."""
 
     def __init__(self, tokens: nn.Embedding, config: ModelConfig, start: tuple[int, int] | None = None) -> None:
         super().__init__()
@@ -47,6 +48,7 @@ class Embedding(nn.Module):
         if self.learned is None:
             table = positional_encoding(config.max_positions, config.d_model)
             self.register_buffer("sinusoid", table, persistent=False)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.embedding_norm else None
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
@@ -62,7 +64,8 @@ class Embedding(nn.Module):
             positions = table[offset : offset + length]
         if self.start is not None:
             tokens = tokens.masked_fill(tokens == self.start[0], self.start[1])
-        return self.dropout(self.tokens(tokens) * self.scale + positions.to(self.tokens.weight.dtype))
+        x = self.tokens(tokens) * self.scale + positions.to(self.tokens.weight.dtype)
+        return self.dropout(x if self.norm is None else self.norm(x))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,

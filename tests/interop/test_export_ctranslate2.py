@@ -90,7 +90,7 @@ def trained(tmp_path, variant: dict, shared: bool) -> ckpt.ModelBundle:
 
 
 VARIANTS = [({}, True), ({"norm": "pre"}, True), ({"positions": "learned"}, False),
-            ({"norm": "pre", "positions": "learned", "decoder_start": "eos"}, False)]
+            ({"norm": "pre", "positions": "learned", "decoder_start": "eos"}, False), ({"embedding_norm": True}, True)]
 
 
 @pytest.mark.parametrize("variant, shared", VARIANTS)

@@ -197,6 +197,7 @@ def test_our_sinusoid_permuted_is_marians():
 @pytest.mark.parametrize("overrides, message", [
     ({"norm": "pre"}, "MarianMTModel cannot hold a pre-norm model (MarianMTModel's layers are post-norm)"),
     ({"positions": "learned"}, "MarianMTModel cannot hold learned positions (Marian's are sinusoidal)"),
+    ({"embedding_norm": True}, "MarianMTModel cannot hold a layer norm on the embeddings"),
     ({"d_k": 8, "d_v": 8}, "MarianMTModel cannot hold d_k 8 and d_v 8 (Marian's heads are d_model / heads = 16"),
     ({"d_model": 33, "heads": 3}, "MarianMTModel cannot hold an odd d_model"),
     ({}, "MarianTokenizer holds only SentencePiece models, and this one reads whitespace tokens; train on "

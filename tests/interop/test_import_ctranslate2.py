@@ -25,7 +25,7 @@ from nmt_cli.run_config import ImportConfig
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VARIANTS = [{}, {"norm": "pre", "positions": "learned", "tied_output": False, "output_bias": True},
             {"activation": "gelu", "scale_embeddings": False, "source_eos": False},
-            {"decoder_start": "eos", "norm_eps": 1e-6}]
+            {"decoder_start": "eos", "norm_eps": 1e-6}, {"embedding_norm": True, "norm": "pre"}]
 
 
 def run(*args):
@@ -134,10 +134,10 @@ def test_what_ours_cannot_hold_is_refused_in_one_line(tmp_path):
 
 
 @NEEDS_CTRANSLATE2
-def test_a_layer_norm_on_the_embeddings_is_refused_naming_it(tmp_path):
+def test_relative_positions_are_refused_naming_them(tmp_path):
     exported(tmp_path, "float32")
-    rewrite(tmp_path / "ct2" / "model.bin", b"encoder/layer_0/ffn/linear_0/bias", b"encoder/layernorm_embedding/gamma")
-    with pytest.raises(NmtError, match="layernorm_embedding/gamma .a layer norm on the embeddings, as BART's"):
+    rewrite(tmp_path / "ct2" / "model.bin", b"encoder/layer_0/ffn/linear_0/bias", b"encoder/layer_0/relative_position")
+    with pytest.raises(NmtError, match="layer_0/relative_position .relative positions., which nmt-cli's Transformer"):
         import_model(tmp_path / "ct2", tmp_path / "x.pt")
 
 
@@ -170,7 +170,7 @@ def test_an_opus_mt_release_converted_by_ctranslate2_translates_as_generate(tmp_
     assert len(set(ours)) > 10
 
 
-@pytest.mark.parametrize("variant", ["post", "pre"])
+@pytest.mark.parametrize("variant", ["post", "pre", "lne"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_ctranslate2s_conversion_of_fairseq_models_translates_as_fairseq(tmp_path, variant, beam):
     """Searched as fairseq searches (the settings the import of its checkpoint takes), the

@@ -27,7 +27,7 @@ WORDS = ImportConfig(source_lang="en", target_lang="de", tokenizer="none")  # th
 
 # How each fixture's text was made: whitespace tokens, fairseq's Moses tokenization and BPE, or
 # SentencePiece.
-TEXT = {"post": ["--tokenizer", "none"], "pre": ["--tokenizer", "none"],
+TEXT = {"post": ["--tokenizer", "none"], "pre": ["--tokenizer", "none"], "lne": ["--tokenizer", "none"],
         "bpe": ["--bpe-codes", FIXTURES / "bpe" / "bpe.codes"],
         "spm": ["--sentencepiece", FIXTURES / "spm" / "spm.model"]}
 
@@ -88,11 +88,15 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
         torch.save({"model": {}, "cfg": module.EnumNode()}, tmp_path / "enum.pt")
     with pytest.raises(NmtError, match="enum.pt: refused: it holds omegaconf.nodes.EnumNode"):
         import_model(tmp_path / "enum.pt", tmp_path / "out.pt", options=WORDS)
-    options_changed(tmp_path / "norm.pt", layernorm_embedding=True)
+    options_changed(tmp_path / "norm.pt", adaptive_input=True)
     shutil.copy(FIXTURES / "post" / "dict.en.txt", tmp_path)
     shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
-    with pytest.raises(NmtError, match="norm.pt: --layernorm-embedding True: a layer norm on the embeddings"):
+    with pytest.raises(NmtError, match="norm.pt: --adaptive-input True: adaptive input"):
         import_model(tmp_path / "norm.pt", tmp_path / "out.pt", options=WORDS)
+    options_changed(tmp_path / "lne.pt", layernorm_embedding=True)  # the option on, its weights not there
+    shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
+    with pytest.raises(NmtError, match="lne.pt: the weights have no tensor encoder.layernorm_embedding.weight"):
+        import_model(tmp_path / "lne.pt", tmp_path / "out.pt", options=WORDS)
     options_changed(tmp_path / "lstm.pt", arch="lstm")
     with pytest.raises(NmtError, match="lstm.pt: --arch lstm: nmt-cli imports fairseq's encoder-decoder transformer"):
         import_model(tmp_path / "lstm.pt", tmp_path / "out.pt", options=WORDS)
