@@ -192,9 +192,11 @@ class ImportConfig(Options):
     data_dir: Path | None = knob(None, "fairseq: the folder of dict.SRC.txt and dict.TGT.txt [default: the "
                                  "checkpoint's, then its data's].", path=EXISTING_DIR)
     bpe_codes: Path | None = knob(None, "The subword-nmt codes of its text (none: its tokens are words) [default: "
-                                  "OpenNMT-py: its options' bpe model, where that file is].", path=EXISTING_FILE)
+                                  "OpenNMT-py: a file of its options' bpe model's name beside it].",
+                                  path=EXISTING_FILE)
     sentencepiece: Path | None = knob(None, "The SentencePiece model of its text (fairseq: of the raw line) "
-                                      "[default: OpenNMT-py: its options' sentencepiece model, where that file is].",
+                                      "[default: OpenNMT-py: a file of its options' sentencepiece model's name "
+                                      "beside it].",
                                       path=EXISTING_FILE)
     tokenizer: str | None = knob(None, "How its text was tokenized before subwords [default: fairseq: moses, as its "
                                  "recipes; OpenNMT-py: none].", choices=("moses", "none"))

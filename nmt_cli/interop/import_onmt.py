@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,9 @@ PLAIN = {"encoder_type": "transformer", "decoder_type": "transformer", "model_ta
 SPECIALS = {"pad": "<blank>", "start": "<s>", "eos": "</s>", "unk": "<unk>"}  # OpenNMT-py's DefaultTokens
 
 
-def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release:
-    """An OpenNMT-py checkpoint (its `state`), with the languages and text pipeline `given` or its
-    options' subword model where that file is there."""
+def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig, warn: Callable[[str], None]) -> Release:
+    """An OpenNMT-py checkpoint (its `state`), with the languages and text pipeline `given` or the
+    subword model its options name, found beside the checkpoint."""
     if given.source_lang is None or given.target_lang is None:
         raise NmtError(f"{path}: an OpenNMT-py checkpoint names no languages: give -s SRC -t TGT")
     opt = vars(state["opt"]) if isinstance(state["opt"], argparse.Namespace) else {}
@@ -68,7 +69,7 @@ def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig) -> Release
              for side in tokens]
     weights = onmt_weights(model, generator, config, shared, opt, path)
     check_rows(weights, shared, (tokens[0], tokens[1]), (f"{path}: its src vocabulary", f"{path}: its tgt vocabulary"))
-    text, codes, pieces = onmt_text(opt, given, (given.source_lang, given.target_lang))
+    text, codes, pieces = onmt_text(opt, given, (given.source_lang, given.target_lang), path, warn)
     order = sines_then_cosines(config.d_model) if opt.get("position_encoding_type") == "SinusoidalConcat" else None
     return Release(config, weights, sides[0], sides[1], shared, text, pieces, pieces, codes, onmt_search(),
                    origin=f"OpenNMT-py ({path.name})", order=order)
@@ -175,15 +176,25 @@ def onmt_weights(model: dict[str, Tensor], generator: dict[str, Tensor], config:
     return weights
 
 
-def onmt_text(opt: dict[str, Any], given: ImportConfig, langs: tuple[str, str]) -> tuple[TextConfig, str | None,
-                                                                                           bytes | None]:
-    """The text pipeline: the BPE codes or SentencePiece model given, else the one the options
-    name where that file is there (`bpe` or `sentencepiece` among its transforms), else words."""
+def onmt_text(opt: dict[str, Any], given: ImportConfig, langs: tuple[str, str], path: Path,
+              warn: Callable[[str], None]) -> tuple[TextConfig, str | None, bytes | None]:
+    """The text pipeline: the BPE codes or SentencePiece model given, else the one the options name
+    (`bpe` or `sentencepiece` among its transforms) where a file of that name is beside the
+    checkpoint (never where the options point: a checkpoint is not trusted to name a file to
+    read), else words. Says which file it read."""
     transforms = opt.get("transforms") or []
-    named = Path(opt["src_subword_model"]) if opt.get("src_subword_model") else None
-    found = named if named is not None and named.is_file() else None
-    pieces_path = given.sentencepiece or (found if "sentencepiece" in transforms else None)
-    codes_path = given.bpe_codes or (found if "bpe" in transforms else None)
+    subword = next((t for t in ("sentencepiece", "bpe") if t in transforms), None)
+    found = None
+    if subword and not (given.sentencepiece or given.bpe_codes) and opt.get("src_subword_model"):
+        found = path.parent / Path(str(opt["src_subword_model"])).name
+        if not found.is_file():
+            flag = "--sentencepiece" if subword == "sentencepiece" else "--bpe-codes"
+            raise NmtError(f"{path}: its options name the {subword} model {opt['src_subword_model']}, and no "
+                           f"{found.name} is beside it: give {flag} FILE (a file the options name elsewhere is "
+                           "never read)")
+        warn(f"note: {path}: its {subword} model: {found}")
+    pieces_path = given.sentencepiece or (found if subword == "sentencepiece" else None)
+    codes_path = given.bpe_codes or (found if subword == "bpe" else None)
     text = peer_text(langs, given.tokenizer, pieces_path is not None, "OpenNMT-py")
     if pieces_path is not None:
         return text, None, sentencepiece_file(pieces_path)

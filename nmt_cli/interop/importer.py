@@ -67,7 +67,7 @@ def read_checkpoint_file(path: Path, options: ImportConfig, warn: Callable[[str]
     and options)."""
     state = load_pickled(path)
     if "vocab" in state and "opt" in state:
-        return read_onmt(path, state, options)
+        return read_onmt(path, state, options, warn)
     return read_fairseq(path, state, options)
 
 

@@ -15,6 +15,7 @@ from conftest import NEEDS_CTRANSLATE2, cli, multi30k_lines, val_reference_recor
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
+from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.run_config import ImportConfig
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "onmt"
@@ -105,11 +106,13 @@ def test_the_languages_are_asked_for(tmp_path):
 
 def test_weights_beside_the_checkpoint_and_the_subword_model_its_options_name(tmp_path):
     """onmt_train's NAME.safetensors, or shards NAME.*.safetensors (what onmt_translate reads); the
-    options' SentencePiece model where that file is; no weights anywhere: one line."""
+    options' SentencePiece model by its name beside the checkpoint (where the options point, never:
+    the next test); no weights anywhere: one line."""
     with torch.serialization.safe_globals([argparse.Namespace]):
         state = torch.load(FIXTURES / "spm" / "model_step_400.pt", weights_only=True)
-    state["opt"].src_subword_model = state["opt"].tgt_subword_model = str(FIXTURES / "spm" / "spm.model")
+    state["opt"].src_subword_model = state["opt"].tgt_subword_model = "/where/it/was/trained/spm.model"
     torch.save(state, tmp_path / "model_step_400.pt")
+    shutil.copy(FIXTURES / "spm" / "spm.model", tmp_path / "spm.model")
     with pytest.raises(NmtError, match="model_step_400.pt: no weights in it, and no model_step_400.safetensors "
                                        "beside it"):
         import_model(tmp_path / "model_step_400.pt", tmp_path / "out.pt", options=EN_DE)
@@ -117,6 +120,27 @@ def test_weights_beside_the_checkpoint_and_the_subword_model_its_options_name(tm
     shutil.copy(FIXTURES / "spm" / "model_step_400.safetensors", tmp_path / "model_step_400.0.safetensors")
     import_model(tmp_path / "model_step_400.pt", tmp_path / "out.pt", options=EN_DE)
     assert val_translations(tmp_path / "out.pt", 4) == (FIXTURES / "spm" / "valid.beam4.de").read_text().splitlines()
+
+
+def test_a_file_the_options_name_elsewhere_is_never_read(tmp_path):
+    """A checkpoint whose options name any file as its BPE codes (`transforms: [bpe]`) does not get
+    that file's text into the import, and so into an export: only one beside it, and the import
+    says which it read."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(FIXTURE / "model_step_400.pt", weights_only=True)
+    (tmp_path / "outside").mkdir()
+    secret = tmp_path / "outside" / "codes"
+    secret.write_text("#version: 0.2\nse cret\n")
+    state["opt"].transforms, state["opt"].src_subword_model = ["bpe"], str(secret)
+    (tmp_path / "model").mkdir()
+    torch.save(state, tmp_path / "model" / "model_step_400.pt")
+    refused = cli("import", tmp_path / "model" / "model_step_400.pt", "-o", tmp_path / "out.pt", "-s", "en", "-t", "de")
+    assert refused.exit_code == 1 and "no codes is beside it: give --bpe-codes FILE" in refused.output
+    assert not (tmp_path / "out.pt").exists()
+    (tmp_path / "model" / "codes").write_text("#version: 0.2\na b\n")  # one beside it, of that name
+    done = cli("import", tmp_path / "model" / "model_step_400.pt", "-o", tmp_path / "out.pt", "-s", "en", "-t", "de")
+    assert done.exit_code == 0 and f"its bpe model: {tmp_path / 'model' / 'codes'}" in done.output
+    assert "se cret" not in ckpt.load(tmp_path / "out.pt")["bpe_codes"]
 
 
 def test_text_files_that_are_not_what_they_claim_are_one_line(tmp_path):
