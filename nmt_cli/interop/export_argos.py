@@ -19,14 +19,17 @@ from __future__ import annotations
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import reason, replacing
 from nmt_cli.interop.export_ctranslate2 import write_ctranslate2
+from nmt_cli.interop.formats import is_argos_package
 from nmt_cli.interop.writing import write_json
 from nmt_cli.lines import read_lines
 from nmt_cli.model.checkpoint import ModelBundle, load_bundle
+from nmt_cli.options import flag_name
 
 if TYPE_CHECKING:
     from nmt_cli.interop.exporter import ExportRequest
@@ -36,11 +39,24 @@ ARGOS_VERSION = "1.9.0"
 # defaults otherwise (at most 256 tokens, cut there; no </s> first), <unk> kept (replace_unknowns).
 ARGOS_SEARCH = {"beam": 4, "lenpen": 0.2, "lenpen_form": "length", "stopping": "early", "at_limit": "cut",
                 "max_len_a": 0.0, "max_len_b": 256, "min_len": 1, "allow_unk": True}
-ARGOS_FLAGS = ("--beam 4 --lenpen 0.2 --lenpen-form length --stopping early --at-limit cut --max-len-a 0 "
-               "--max-len-b 256 --min-len 1 --allow-unk")
-# sacremoses' defaults, which Argos' BPETokenizer tokenizes with before subword-nmt.
+
+
+def as_flags(search: dict[str, Any]) -> str:
+    """Search settings (numbers, words, flags that are on) as `nmt translate`'s flags."""
+    fields = SearchConfig.__dataclass_fields__
+    words = []
+    for key, value in search.items():
+        words.append(flag_name(fields[key]).split("/")[0])  # an on/off flag's first name
+        if value is not True:
+            words.append(f"{value:g}" if isinstance(value, float) else str(value))
+    return " ".join(words)
+
+
+ARGOS_FLAGS = as_flags(ARGOS_SEARCH)
+# The text settings of Argos' BPETokenizer (sacremoses' defaults, then subword-nmt): what a Moses
+# and BPE model must have been trained with to go out as bpe.model, and what one comes in with.
 ARGOS_MOSES = {"tokenizer": "moses", "normalize_punctuation": True, "lowercase": False, "aggressive_dash_splits": False,
-               "escape": True, "protect_tags": False, "protect": [], "language_codes": False}
+               "escape": True, "protect_tags": False, "protect": (), "language_codes": False}
 LANGUAGE_NAMES = {"ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "cs": "Czech", "da": "Danish", "de": "German",
                   "el": "Greek", "en": "English", "eo": "Esperanto", "es": "Spanish", "et": "Estonian",
                   "fa": "Persian", "fi": "Finnish", "fr": "French", "ga": "Irish", "he": "Hebrew", "hi": "Hindi",
@@ -59,8 +75,10 @@ def export(request: ExportRequest) -> None:
                        "text, a sentence a line, such as the training data's source side)")
     bundle = load_bundle(request.model)
     text_file = argos_text(bundle)
-    lines = list(read_lines(config.sentences))
-    if not any(line.strip() for line in lines):
+    from nmt_cli.interop.sentence_splitter import training_lines
+
+    lines = training_lines(read_lines(config.sentences))
+    if not lines:
         raise NmtError(f"{config.sentences}: no text to train the sentence splitter on")
     source, target = bundle.text.source_lang, bundle.text.target_lang
     metadata = {"package_version": config.package_version, "argos_version": ARGOS_VERSION,
@@ -100,7 +118,7 @@ def argos_text(bundle: ModelBundle) -> str:
         if text.lowercase:
             raise NmtError("--format argos: Argos does not lowercase; train without --lowercase")
         return "sentencepiece.model"
-    differ = [key for key, value in ARGOS_MOSES.items() if getattr(text, key) != type(getattr(text, key))(value)]
+    differ = [key for key, value in ARGOS_MOSES.items() if getattr(text, key) != value]
     if bundle.bpe_codes is None or differ:
         what = f"its {', '.join(differ)} differ from sacremoses' defaults" if differ else "it has no BPE codes"
         raise NmtError(f"--format argos: Argos reads SentencePiece models, or Moses tokens and BPE as sacremoses' "
@@ -112,9 +130,7 @@ def check_destination(out: Path) -> None:
     """Replace only an earlier package, and only at a name Argos installs."""
     if out.suffix != ".argosmodel":
         raise NmtError(f"{out}: an Argos package's name ends in .argosmodel")
-    if out.exists() and not (out.is_file() and zipfile.is_zipfile(out) and
-                             any(n.count("/") == 1 and n.endswith("/metadata.json")
-                                 for n in zipfile.ZipFile(out).namelist())):
+    if out.exists() and not (out.is_file() and is_argos_package(out)):
         raise NmtError(f"{out}: exists and is not an Argos package; choose another --output")
 
 

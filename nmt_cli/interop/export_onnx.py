@@ -123,23 +123,23 @@ def export_graphs(model: Transformer, out: Path) -> None:
     src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID]])
     src_mask = (src != PAD_ID).long()
     export_graph(Encoder(model), (src, src_mask), out / "encoder_model.onnx", ["input_ids", "attention_mask"],
-           ["last_hidden_state"], {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}})
+                 ["last_hidden_state"], {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}})
     memory = Encoder(model)(src, src_mask).detach()
     tgt = torch.tensor([[BOS_ID, 5], [BOS_ID, 6]])
     first = kv_names("present", layers)
     export_graph(Decoder(model, with_past=False), (tgt, src_mask, memory), out / "decoder_model.onnx",
-           ["input_ids", "encoder_attention_mask", "encoder_hidden_states"], ["logits", *first],
-           {"input_ids": {0: batch, 1: target}, "encoder_attention_mask": {0: batch, 1: source},
-            "encoder_hidden_states": {0: batch, 1: source}})
+                 ["input_ids", "encoder_attention_mask", "encoder_hidden_states"], ["logits", *first],
+                 {"input_ids": {0: batch, 1: target}, "encoder_attention_mask": {0: batch, 1: source},
+                  "encoder_hidden_states": {0: batch, 1: source}})
     presents = Decoder(model, with_past=False)(tgt, src_mask, memory)[1:]
     shapes = {name: {0: batch, 2: past if ".decoder." in name else source} for name in kv_names("past_key_values",
                                                                                                 layers)}
     export_graph(Decoder(model, with_past=True), (tgt[:, :1], src_mask, *(t.detach() for t in presents)),
-           out / "decoder_with_past_model.onnx",
-           ["input_ids", "encoder_attention_mask", *kv_names("past_key_values", layers)],
-           ["logits", *kv_names("present", layers, ("decoder",))],
-           {"input_ids": {0: batch, 1: torch.export.Dim.STATIC}, "encoder_attention_mask": {0: batch, 1: source},
-            **shapes})
+                 out / "decoder_with_past_model.onnx",
+                 ["input_ids", "encoder_attention_mask", *kv_names("past_key_values", layers)],
+                 ["logits", *kv_names("present", layers, ("decoder",))],
+                 {"input_ids": {0: batch, 1: torch.export.Dim.STATIC}, "encoder_attention_mask": {0: batch, 1: source},
+                  **shapes})
     merge_decoders(out)
 
 
@@ -207,7 +207,7 @@ def quantize_graphs(folder: Path) -> None:
 
 
 def export_graph(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: list[str], outputs: list[str],
-           shapes: dict[str, dict[int, Any]]) -> None:
+                 shapes: dict[str, dict[int, Any]]) -> None:
     """One graph, its inputs and outputs named, its dimensions dynamic as `shapes` says (the
     modules take two inputs, then any number more)."""
     dims = [shapes.get(name) for name in inputs]

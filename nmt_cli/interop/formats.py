@@ -21,34 +21,35 @@ from nmt_cli.errors import NmtError
 
 
 @dataclass(frozen=True)
-class Writer:
-    """A format `nmt export` writes: a directory of `files` (none: a single file)."""
+class Format:
+    """A row of the table: its name, and its function in a module below nmt_cli.interop."""
 
     name: str
-    module: str  # below nmt_cli.interop
+    module: str
     function: str
+
+    def entry(self) -> Callable[..., Any]:
+        """The function, its module imported now (and only now)."""
+        return getattr(importlib.import_module(f"nmt_cli.interop.{self.module}"), self.function)
+
+
+@dataclass(frozen=True)
+class Writer(Format):
+    """A format `nmt export` writes: a directory of `files` (none: a single file)."""
+
     files: frozenset[str]
     options: tuple[str, ...]  # the ExportConfig fields it takes besides --format
     summary: str
     suffix: str | None = None  # a single file's: what its name ends in
 
-    def entry(self) -> Callable[..., Any]:
-        return getattr(importlib.import_module(f"nmt_cli.interop.{self.module}"), self.function)
-
 
 @dataclass(frozen=True)
-class Reader:
+class Reader(Format):
     """A format `nmt import` reads, told by what `recognizes` finds at the source path."""
 
-    name: str
-    module: str
-    function: str
     recognizes: Callable[[Path], bool]
     options: tuple[str, ...]  # the ImportConfig fields it takes
     summary: str
-
-    def entry(self) -> Callable[..., Any]:
-        return getattr(importlib.import_module(f"nmt_cli.interop.{self.module}"), self.function)
 
 
 # The text pipeline's files beside a model's (writing.text_files) and nmt-cli.json, which every
@@ -84,9 +85,9 @@ def export_files() -> frozenset[str]:
     return frozenset().union(*(writer.files for writer in WRITERS.values()))
 
 
-CHECKPOINT_OPTIONS = ("source_lang", "target_lang", "data_dir", "bpe_codes", "sentencepiece", "tokenizer")
-
 TEXT_OPTIONS = ("source_lang", "target_lang", "bpe_codes", "sentencepiece", "tokenizer")
+CHECKPOINT_OPTIONS = (*TEXT_OPTIONS, "data_dir")
+
 
 def is_argos_package(path: Path) -> bool:
     """An Argos package's folder, or a zip holding one folder with metadata.json (torch's

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from nmt_cli.config import TextConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.interop.export_argos import ARGOS_MOSES
 from nmt_cli.interop.model_bin import ModelBin, read_model_bin
 from nmt_cli.interop.reading import read_codes, read_json, sentencepiece_file, text_file, token_id
 from nmt_cli.interop.release import Release, Side, marian_text, peer_text, sines_then_cosines
@@ -305,13 +306,11 @@ def text_pipeline(model: Path, folder: Path, options: ImportConfig, langs: tuple
     (Marian's, copied by the converter)."""
     given = options.sentencepiece or options.bpe_codes or options.tokenizer
     if isinstance(about.get("text_config"), dict) and not given:
-        text = TextConfig.from_dict(about["text_config"])
-        files = [model / n for n in ("spm.model", "spm.target.model", "bpe.codes") if (model / n).is_file()]
-        pieces = [sentencepiece_file(model / n) if (model / n).is_file() else None
-                  for n in ("spm.model", "spm.target.model")]
-        codes = read_codes(model / "bpe.codes") if (model / "bpe.codes").is_file() else None
-        return text, (pieces[0], pieces[1] or pieces[0]), codes, " and ".join(map(str, [model / "nmt-cli.json",
-                                                                                         *files]))
+        files = {n: model / n for n in ("spm.model", "spm.target.model", "bpe.codes") if (model / n).is_file()}
+        pieces = [sentencepiece_file(files[n]) if n in files else None for n in ("spm.model", "spm.target.model")]
+        codes = read_codes(files["bpe.codes"]) if "bpe.codes" in files else None
+        read = " and ".join(map(str, [model / "nmt-cli.json", *files.values()]))
+        return TextConfig.from_dict(about["text_config"]), (pieces[0], pieces[1] or pieces[0]), codes, read
     source, target = langs
     if source is None or target is None:
         raise NmtError(f"{folder}: the model names no languages: give -s SRC -t TGT")
@@ -324,9 +323,8 @@ def text_pipeline(model: Path, folder: Path, options: ImportConfig, langs: tuple
         piece = sentencepiece_file(folder / "sentencepiece.model")
         text = TextConfig(source_lang=source, target_lang=target, subword="sentencepiece")
         return text, (piece, piece), None, str(folder / "sentencepiece.model")
-    if (folder / "bpe.model").is_file():  # Argos' BPETokenizer: sacremoses' defaults, then subword-nmt
-        text = TextConfig(source_lang=source, target_lang=target, subword="bpe", tokenizer="moses", escape=True,
-                          protect_tags=False)
+    if (folder / "bpe.model").is_file():  # Argos' BPETokenizer
+        text = TextConfig(source_lang=source, target_lang=target, subword="bpe", **ARGOS_MOSES)
         return text, (None, None), read_codes(folder / "bpe.model"), f"Moses, then {folder / 'bpe.model'}"
     if (folder / "source.spm").is_file() and (folder / "target.spm").is_file():
         pieces = (sentencepiece_file(folder / "source.spm"), sentencepiece_file(folder / "target.spm"))

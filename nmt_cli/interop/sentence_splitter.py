@@ -16,9 +16,12 @@ character a token's end and each line's last a sentence's end."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -96,16 +99,17 @@ def batch(items: list[tuple[str, list[int]]], ids: dict[str, int]) -> tuple[Tens
     return units, feats, labels
 
 
+def training_lines(lines: Iterable[str]) -> list[str]:
+    """The first MOST_LINES sentences of `lines` that are not empty, whitespace made single spaces
+    (read no further: a training corpus may be millions of lines)."""
+    cleaned = (WHITESPACE.sub(" ", line).strip() for line in lines)
+    return list(itertools.islice((line for line in cleaned if line), MOST_LINES))
+
+
 def train_splitter(lines: list[str], steps: int = 300, batch_size: int = 32) -> tuple[SentenceSplitter, list[str]]:
-    """A splitter trained on `lines` (sentences; whitespace made single spaces, empty lines
-    dropped) and its characters by id (PAD, UNK, then by frequency); the same lines give the same
-    network."""
-    lines = [WHITESPACE.sub(" ", line).strip() for line in lines]
-    lines = [line for line in lines if line][:MOST_LINES]
-    counts: dict[str, int] = {}
-    for line in lines:
-        for c in line + " ":
-            counts[c] = counts.get(c, 0) + 1
+    """A splitter trained on `lines` (sentences, as training_lines gives them) and its characters
+    by id (PAD, UNK, then by frequency); the same lines give the same network."""
+    counts = collections.Counter(c for line in lines for c in line + " ")
     characters = [PAD, UNK] + sorted(counts, key=lambda c: (-counts[c], c))[:MOST_CHARACTERS]
     ids = {c: i for i, c in enumerate(characters)}
     rng = random.Random(SEED)

@@ -38,7 +38,6 @@ def write_export(out: Path, write: Callable[[Path], None]) -> None:
     write_directory(out, "model directory", write, lambda: check_destination(out))
 
 
-
 def text_files(bundle: ModelBundle, out: Path) -> None:
     """The subword model and `nmt-cli.json`: how text becomes the model's tokens and back."""
     text = bundle.text

@@ -324,6 +324,10 @@ def test_what_argos_cannot_run_is_refused_in_one_line(tmp_path):
           sentences], "Argos outputs up to 256 tokens, and this model's positions end at 63"),
         ([tiny_checkpoint(tmp_path / "words.pt", max_positions=300), "-o", tmp_path / "p.argosmodel", "--sentences",
           sentences], "train on `nmt preprocess --subword sentencepiece` data"),
+        ([pieces, "-o", tmp_path / "p.argosmodel", "--sentences", write_lines(tmp_path / "blank.txt", [" ", ""])],
+         "blank.txt: no text to train the sentence splitter on"),
+        ([with_language_codes(tmp_path / "codes.pt"), "-o", tmp_path / "p.argosmodel", "--sentences", sentences],
+         "an Argos package translates one pair, and this model takes a >>code<< before each line"),
     ]
     for args, message in cases:
         result = run("export", "--format", "argos", "-m", *args)
@@ -336,6 +340,14 @@ def test_what_argos_cannot_run_is_refused_in_one_line(tmp_path):
     assert (tmp_path / "mine.argosmodel").read_text() == "a user's file"
     result = run("export", "--format", "ctranslate2", "-m", pieces, "-o", tmp_path / "ct2", "--sentences", sentences)
     assert result.exit_code == 2 and "--sentences applies only to --format argos" in result.output
+
+
+def with_language_codes(path: Path) -> Path:
+    """A SentencePiece model whose lines start with a >>code<< (a multilingual one's text)."""
+    checkpoint = ckpt.load(tiny_sentencepiece_checkpoint(path, max_positions=300))
+    checkpoint["text_config"]["language_codes"] = True
+    ckpt.save(checkpoint, path)
+    return path
 
 
 def package(path: Path, entries: dict[str, bytes], links: tuple[str, ...] = ()) -> Path:
@@ -360,6 +372,9 @@ META = json.dumps({"from_code": "en", "to_code": "de"}).encode()
     ({"p/metadata.json": json.dumps({"from_code": "en", "to_code": "de", "target_prefix": "__de__"}).encode(),
       "p/model/model.bin": b""}, (), "a multilingual package (target_prefix '__de__')"),
     ({"p/metadata.json": b"[1]", "p/model/model.bin": b""}, (), "its metadata.json is not a JSON object"),
+    ({"p/metadata.json": json.dumps({"to_code": "de"}).encode()}, (), "metadata.json names no from_code: give -s"),
+    ({"p/metadata.json": json.dumps({"from_code": "en", "to_code": "de", "type": "sbd"}).encode()}, (),
+     "a package of type 'sbd', not a translation model"),
 ])
 def test_a_bad_package_is_refused_in_one_line(tmp_path, entries, links, message):
     path = package(tmp_path / "bad.argosmodel", entries, links)

@@ -104,6 +104,27 @@ def test_without_nmt_cli_json_the_search_is_ctranslate2s_and_the_text_is_given(t
     assert back["text_config"]["source_lang"] == "en"
 
 
+@NEEDS_CTRANSLATE2
+def test_older_vocabularies_a_token_a_line_are_read_and_missing_ones_named(tmp_path):
+    exported(tmp_path, "float32")
+    folder = tmp_path / "ct2"
+    tokens = json.loads((folder / "shared_vocabulary.json").read_text())
+    (folder / "shared_vocabulary.json").unlink()
+    refused = run("import", folder, "-o", tmp_path / "x.pt")
+    assert refused.exit_code == 1 and "no shared_vocabulary.json, nor source_vocabulary.json" in refused.output
+    (folder / "shared_vocabulary.txt").write_text("".join(token + "\n" for token in tokens))
+    assert import_model(folder, tmp_path / "x.pt")["src_vocab"] == ckpt.load(tmp_path / "m.pt")["src_vocab"]
+
+
+@NEEDS_CTRANSLATE2
+def test_sources_that_start_with_bos_are_refused(tmp_path):
+    exported(tmp_path, "float32")
+    settings = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    (tmp_path / "ct2" / "config.json").write_text(json.dumps({**settings, "add_source_bos": True}))
+    with pytest.raises(NmtError, match="add_source_bos: nmt-cli's sources do not start with <s>"):
+        import_model(tmp_path / "ct2", tmp_path / "x.pt")
+
+
 def rewrite(path, old: bytes, new: bytes):
     data = path.read_bytes()
     assert old in data

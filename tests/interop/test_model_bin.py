@@ -79,6 +79,21 @@ def test_a_cut_or_damaged_file_is_one_line(tmp_path):
         read_model_bin(tmp_path / "v9.bin")
 
 
+@NEEDS_CTRANSLATE2
+def test_a_weight_without_its_scale_or_an_alias_without_its_variable_is_one_line(tmp_path):
+    exported(tmp_path, "int8")
+    data = (tmp_path / "ct2" / "model.bin").read_bytes()
+    (tmp_path / "scale.bin").write_bytes(data.replace(b"decoder/projection/weight_scale",
+                                                      b"decoder/projection/weight_scalX"))
+    with pytest.raises(NmtError, match="int8 variable decoder/projection/weight without its "
+                                       "decoder/projection/weight_scale"):
+        read_model_bin(tmp_path / "scale.bin")
+    last = data.rindex(b"decoder/embeddings/weight")  # in the aliases: what encoder/embeddings_0 stands for
+    (tmp_path / "alias.bin").write_bytes(data[:last] + b"decoder/embeddings/weighX" + data[last + 25:])
+    with pytest.raises(NmtError, match="damaged: alias encoder/embeddings_0/weight names a variable it does not hold"):
+        read_model_bin(tmp_path / "alias.bin")
+
+
 def hostile(tmp_path, dims, size, dtype=0):
     """A model.bin naming one variable of `dims` and `size` bytes, with none of them present."""
     def string(s):

@@ -4,7 +4,7 @@ MiniSBD as argostranslate runs it: paragraphs of unseen test lines split back in
 import pytest
 from conftest import find_multi30k
 
-from nmt_cli.interop.sentence_splitter import paragraph, save_splitter, train_splitter
+from nmt_cli.interop.sentence_splitter import paragraph, save_splitter, train_splitter, training_lines
 
 
 def test_a_paragraphs_classes_mark_each_words_end_and_each_lines_end():
@@ -21,7 +21,7 @@ def test_minisbd_splits_paragraphs_of_unseen_lines_into_those_lines(tmp_path):
         pytest.skip(why)
     train = (folder / "train.en").read_text(encoding="utf-8").splitlines()[:5000]
     test = [line.strip() for line in (folder / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:300]]
-    model, characters = train_splitter(train, steps=200)
+    model, characters = train_splitter(training_lines(train), steps=200)
     save_splitter(model, characters, "en", tmp_path / "en.onnx")
     detector = minisbd.SBDetect(str(tmp_path / "en.onnx"), use_gpu=False)
     groups = [test[i:i + 3] for i in range(0, len(test), 3)]
