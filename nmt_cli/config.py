@@ -9,6 +9,7 @@ an option has one name, one default and one check everywhere: the field `d_ff` i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import MISSING, dataclass, field
@@ -59,15 +60,20 @@ def device_for(device: str, quantize: str | None) -> str:
     return "cpu" if quantize and device == "auto" else device
 
 
-_SAMPLING = (lambda c: c.sampling, "with --sampling")
-SEARCHING = (lambda c: not c.sampling, "to beam search, not with --sampling (--nbest N: N samples)")
+_SAMPLING = (lambda c: c.samples, "with --sampling or --mbr-candidates sample")
+SEARCHING = (lambda c: not c.samples, "to beam search, not with --sampling or --mbr-candidates sample (--nbest N: N "
+             "samples)")
+_MBR = (lambda c: c.mbr is not None, "with --mbr")
+MBR_UTILITIES = ("chrf", "bleu")
+MBR_CANDIDATES = ("beam", "sample")
 
 
 @dataclass(frozen=True)
 class SearchConfig(Options):
     """Beam search (search.py, sampling.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
 
-    beam: int = knob(4, "Beam size (1: greedy).", min=1, max=BEAM_MAX, only_if=SEARCHING)
+    beam: int = knob(4, "Beam size (1: greedy).", min=1, max=BEAM_MAX, only_if=(
+        lambda c: not c.samples and c.mbr is None, SEARCHING[1] + " or --mbr (a beam of --mbr N)"))
     lenpen: float = knob(0.6, "Length penalty alpha: score / ((5 + |Y|) / 6)^alpha (see --lenpen-form).", min=0.0,
                          max=10.0)
     lenpen_form: str = knob("gnmt", "How --lenpen divides a hypothesis' log-probability: gnmt by ((5 + |Y|) / 6)^alpha "
@@ -97,7 +103,8 @@ class SearchConfig(Options):
                              "that translation where it already holds its phrases and none to avoid; search only the "
                              "others with them. A phrase a translation holds anyway then changes nothing, at up to "
                              "the two searches' time where most translations lack theirs.", only_if=(
-                                 lambda c: not c.sampling and c.nbest == 1, "to beam search with --nbest 1"))
+                                 lambda c: not c.sampling and c.mbr is None and c.nbest == 1,
+                                 "to beam search with --nbest 1, without --mbr"))
     sampling: bool = knob(False, "Sample each token instead of searching (back-translation); --nbest N gives N "
                            "independent samples.")
     sampling_topk: int | None = knob(None, "With --sampling: only among the K most probable tokens.", min=1,
@@ -109,11 +116,36 @@ class SearchConfig(Options):
                                min=0.0, exclusive_min=True, only_if=_SAMPLING)
     seed: int | None = knob(None, "With --sampling: the same seed, input and batch options give the same samples "
                              "[default: a random seed, printed].", min=0, max=SEED_MAX, only_if=_SAMPLING)
+    mbr: int | None = knob(None, "Minimum Bayes risk decoding: of N candidates (--mbr-candidates), output the one "
+                           "whose mean --mbr-utility against the others is highest (--nbest: the first by it), at "
+                           "about the search's cost for a beam of N and N^2 sentence scores.", min=2, max=BEAM_MAX,
+                           only_if=(lambda c: not c.sampling,
+                                    "without --sampling (--mbr-candidates sample draws the candidates)"))
+    mbr_utility: str = knob("chrf", "How --mbr scores a candidate against another: sentence-level chrF or BLEU, "
+                            "as sacreBLEU computes them.", choices=MBR_UTILITIES, only_if=_MBR)
+    mbr_candidates: str = knob("beam", "--mbr's candidates: beam: the N-best of a beam of N; sample: N samples "
+                               "(--temperature, --sampling-topk, --sampling-topp and --seed apply).",
+                               choices=MBR_CANDIDATES, only_if=_MBR)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.nbest > self.beam and not self.sampling:
+        if self.mbr is not None and self.nbest > self.mbr:
+            raise ValueError(f"--nbest {self.nbest} is larger than --mbr {self.mbr}")
+        if self.nbest > self.beam and not self.sampling and self.mbr is None:
             raise ValueError(f"--nbest {self.nbest} is larger than --beam {self.beam}")
+
+    @property
+    def samples(self) -> bool:
+        """Whether the search draws samples (--sampling, or --mbr's candidates) rather than a beam's."""
+        return self.sampling or (self.mbr is not None and self.mbr_candidates == "sample")
+
+    def candidates(self) -> SearchConfig:
+        """The search that draws the hypotheses: with --mbr N, a beam of N and its N-best, or N
+        samples, among which --mbr then chooses; else this one."""
+        if self.mbr is None:
+            return self
+        beam = self.mbr if self.mbr_candidates == "beam" else self.beam
+        return dataclasses.replace(self, mbr=None, beam=beam, nbest=self.mbr, sampling=self.samples)
 
 
 _EVAL_BLEU = (lambda c: c.eval_bleu, "with --eval-bleu")

@@ -35,7 +35,7 @@ class RunConfig(Options):
                                choices=("text", "tokens", "bpe"))
     quantize: str | None = quantize_knob()
     cuda_graphs: bool = knob(False, "GPU: replay beam search's decoder steps as CUDA graphs (batches padded to "
-                              "fixed shapes).", only_if=(lambda c: not c.search.sampling, SEARCHING[1]))
+                              "fixed shapes).", only_if=(lambda c: not c.search.samples, SEARCHING[1]))
     device: str = device_knob()
     precision: str = precision_knob()
     threads: int | None = threads_knob()
@@ -59,14 +59,15 @@ class TranslateConfig(Options):
                          "prefix (interactive post-editing; a line without a tab has none).")
     constraints: bool = knob(False, "Input lines are SOURCE<TAB>PHRASE<TAB>PHRASE...: each translation holds "
                              "every phrase, in any order (terminology; --beam 4 or more places them best).",
-                             only_if=(lambda c: not (c.prefix or c.run.search.sampling),
-                                      "without --prefix and --sampling"))
+                             only_if=(lambda c: not (c.prefix or c.run.search.samples),
+                                      "without --prefix, --sampling and --mbr-candidates sample"))
     avoid: tuple[str, ...] = knob((), "A phrase that no translation may hold (repeatable).",
-                                  only_if=(lambda c: not c.run.search.sampling, "without --sampling"))
+                                  only_if=(lambda c: not c.run.search.samples,
+                                           "without --sampling and --mbr-candidates sample"))
     score_reference: bool = knob(False, "Input lines are SOURCE<TAB>TARGET: print the log-probability of each "
                                  "target under the model instead of a translation (--format jsonl: also its score "
                                  "and each token's), to filter a corpus or rerank.", only_if=(
-                                     lambda c: not (c.prefix or c.run.search.sampling or c.attention or c.constraints
+                                     lambda c: not (c.prefix or c.run.search.samples or c.attention or c.constraints
                                                     or c.avoid or c.attention_plot is not None),
                                      "without --prefix, --sampling, constraints and attention"))
     attention: bool = knob(False, "With --format jsonl: add the encoder-decoder attention (heads averaged) "

@@ -60,6 +60,17 @@ def test_decode_speed(tmp_path):
 
 
 @pytest.mark.slow
+def test_mbr_gain(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])
+    beam, *runs = run("mbr_gain.py", "-m", model, "-i", source, "--ref", source, "--mbr", 2, 3, "--utility", "bleu",
+                      "--candidates", "beam", "sample", "--threads", 1)
+    assert beam["run"] == "beam" and [(r["mbr"], r["mbr_candidates"]) for r in runs] == [
+        (2, "beam"), (2, "sample"), (3, "beam"), (3, "sample")]
+    assert all(0 <= r["bleu"] <= 100 and 0 <= r["chrf"] <= 100 and r["seconds"] > 0 for r in [beam, *runs])
+
+
+@pytest.mark.slow
 def test_graph_check(tmp_path):
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     source = write_lines(tmp_path / "in.src", ["a b c", "d e f g", "h"])

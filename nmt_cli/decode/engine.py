@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from nmt_cli.config import SearchConfig
+from nmt_cli.decode import mbr
 from nmt_cli.decode.constraints import Phrases, positions
 from nmt_cli.decode.generator import Generator
 from nmt_cli.decode.pipeline import TextPipeline, joining_ids
@@ -84,7 +85,7 @@ class Engine:
     def stream(self, config: SearchConfig, given: Collection[str] = ("seed",)) -> torch.Generator | None:
         """A random stream of a call's own when it gives a seed (`given` holds "seed"): the same
         seed, the same samples, whatever other threads draw meanwhile; None: the engine's."""
-        if not config.sampling or "seed" not in given or config.seed is None:
+        if not config.samples or "seed" not in given or config.seed is None:
             return None
         return self.generator.stream(config.seed)
 
@@ -130,8 +131,8 @@ class Engine:
                                "tokens, from --max-len-a, --max-len-b, --max-len and the model's positions)")
         if not phrased:
             return None
-        if config.sampling:
-            raise NmtError("constraints apply to beam search, not with --sampling")
+        if config.samples:
+            raise NmtError("constraints apply to beam search, not with --sampling or --mbr-candidates sample")
         include = [self.pipeline.phrase_ids(p, n) for p, n in zip(constraints or [[]] * len(sources), number)]
         for ids, avoided, limit, n in zip(include, avoid or [[]] * len(sources), limits, number):
             for phrase in avoided:
@@ -166,8 +167,13 @@ class Engine:
                    terms: Phrases | None = None) -> list[list[Hypothesis]]:
         """The hypotheses of sources given as token ids (`source_ids`), each starting with its
         prefix's ids when `forced` (`prefix_ids`) and holding its `terms` (`phrases`); an empty
-        source with a prefix: the prefix alone."""
-        found = self.generator.search(sources, config, forced, rng, terms)
+        source with a prefix: the prefix alone. With --mbr, the candidates in the order of their
+        expected utility (mbr.py)."""
+        found = self.generator.search(sources, config.candidates(), forced, rng, terms)
+        if config.mbr is not None:
+            u = mbr.utility(config.mbr_utility)
+            texts = ([self.pipeline.detokenized(h.tokens) for h in hyps] for hyps in found)
+            found = [[hyps[i] for i in mbr.ranking(each, u)[:config.nbest]] for hyps, each in zip(found, texts)]
         for k, (source, prefix) in enumerate(zip(sources, forced or [])):
             if not source and prefix:
                 found[k] = [Hypothesis(self.pipeline.prefix_alone(prefix, first_number + k), 0.0, 0.0)]

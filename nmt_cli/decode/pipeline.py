@@ -115,12 +115,16 @@ class TextPipeline:
 
     def text(self, ids: list[int]) -> str:
         """Output ids in the output format: detokenized text, tokens (BPE joined) or BPE."""
-        tokens = self.tgt_vocab.decode(ids)
         if self.output_format == "text":
-            return self.target.decode(tokens)
+            return self.detokenized(ids)
+        tokens = self.tgt_vocab.decode(ids)
         if self.output_format == "tokens":
             return " ".join(self.target.join_subwords(tokens))
         return " ".join(tokens)
+
+    def detokenized(self, ids: list[int]) -> str:
+        """Output ids as detokenized text, whatever the output format (what sacreBLEU scores)."""
+        return self.target.decode(self.tgt_vocab.decode(ids))
 
     def tokens(self, ids: list[int]) -> list[str]:
         """The subword tokens of target ids."""

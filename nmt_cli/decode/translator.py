@@ -55,6 +55,9 @@ class SearchOptions(TypedDict, total=False):
     sampling_topp: float | None
     temperature: float
     seed: int | None
+    mbr: int | None
+    mbr_utility: Literal["chrf", "bleu"]
+    mbr_candidates: Literal["beam", "sample"]
 
 
 class LoadOptions(SearchOptions, total=False):
@@ -165,6 +168,8 @@ class Translator:
     def __repr__(self) -> str:
         search = self.config.search
         how = "sampling" if search.sampling else f"beam {search.beam}, lenpen {search.lenpen:g}"
+        if search.mbr is not None:
+            how = f"MBR ({search.mbr_utility}) over {search.mbr} {search.mbr_candidates} candidates"
         engine = self.engine
         return (f"Translator({engine.members} model(s), {engine.device} {str(engine.dtype).removeprefix('torch.')}, "
                 f"{how})")

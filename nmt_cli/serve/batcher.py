@@ -221,7 +221,7 @@ class Batcher:
 def seeded(search: SearchConfig) -> bool:
     """Whether a request asks for the samples of a seed: its searches are its own, each started
     from the seed (the same request, the same samples, whatever else the server translates)."""
-    return search.sampling and search.seed is not None
+    return search.samples and search.seed is not None
 
 
 def shared(job: Job, other: Job) -> bool:

@@ -20,7 +20,8 @@ from nmt_cli.run_config import ServeConfig
 # SearchConfig's fields that a request may set (the others are the server's: max_len, or not yet served).
 REQUEST_OPTIONS = ("beam", "nbest", "lenpen", "lenpen_form", "lenpen_start", "stopping", "at_limit", "max_len_a",
                    "max_len_b", "allow_unk", "min_len", "no_repeat_ngram_size", "repetition_penalty", "plain_first",
-                   "sampling", "sampling_topk", "sampling_topp", "temperature", "seed")
+                   "sampling", "sampling_topk", "sampling_topp", "temperature", "seed", "mbr", "mbr_utility",
+                   "mbr_candidates")
 HINTS = typing.get_type_hints(SearchConfig)  # the annotations are strings (`from __future__ import annotations`)
 
 
@@ -134,7 +135,7 @@ def parse(body: Any, config: ServeConfig) -> Any:
             continue
         if len(phrases) != len(request.text):
             raise BadRequest(400, f"{len(phrases)} lists of {name} for {len(request.text)} sentences: one each")
-        if request.sampling and any(phrases):
+        if (request.sampling or request.mbr and request.mbr_candidates == "sample") and any(phrases):
             raise BadRequest(400, f"{name} apply to beam search, not with sampling")
         check_lines([phrase for each in phrases for phrase in each], config, "phrase")
     return request
@@ -166,14 +167,22 @@ def search_config(options: dict[str, Any], sentences: int, config: ServeConfig,
 
 def check_cost(search: SearchConfig, sentences: int, config: ServeConfig) -> None:
     """Refuse a request that would hold the translation thread longer than the server allows."""
-    if search.beam > config.max_beam:
-        raise BadRequest(400, f"beam {search.beam}: more than the server's --max-beam {config.max_beam}")
+    name, width = hypotheses(search)
+    if width > config.max_beam:
+        raise BadRequest(400, f"{name} {width}: more than the server's --max-beam {config.max_beam}")
     if search.max_len_b > config.max_output_tokens:
         raise BadRequest(400, f"max_len_b {search.max_len_b}: more than the server's --max-output-tokens "
                               f"{config.max_output_tokens}")
-    if sentences * search.beam > config.max_hypotheses:
-        raise BadRequest(413, f"{sentences} sentences x beam {search.beam}: more than the server's "
+    if sentences * width > config.max_hypotheses:
+        raise BadRequest(413, f"{sentences} sentences x {name} {width}: more than the server's "
                               f"--max-hypotheses {config.max_hypotheses}")
+
+
+def hypotheses(search: SearchConfig) -> tuple[str, int]:
+    """The option that sets how many hypotheses a sentence's search keeps, and its value."""
+    if search.mbr is not None:
+        return "mbr", search.mbr
+    return ("nbest", search.nbest) if search.sampling else ("beam", search.beam)
 
 
 def read_body(body: bytes, content_type: str | None) -> Any:

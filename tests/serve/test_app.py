@@ -76,6 +76,8 @@ def test_concurrent_requests_are_batched_and_answered_as_translate_does(server):
     status, answer = request(url + "/translate", {"text": ["a b c"], "beam": 3, "nbest": 2})
     assert [h["text"] for h in answer["nbest"][0]] == [h["text"] for h in expected(model, ["a b c"], beam=3,
                                                                                    nbest=2)[0]["nbest"]]
+    status, answer = request(url + "/translate", {"text": LINES[:3], "mbr": 4, "mbr_utility": "bleu"})
+    assert answer["translations"] == [r["translation"] for r in expected(model, LINES[:3], mbr=4, mbr_utility="bleu")]
     assert request(url + "/config")[1]["src_vocab_size"] == 20
 
 
@@ -149,6 +151,12 @@ def test_metrics_count_requests_sentences_tokens_and_searches(server):
     ({"text": ["a"], "beam": 17}, 400, "beam 17: more than the server's --max-beam 16"),
     ({"text": ["a"], "max_len_b": 1000}, 400, "max_len_b 1000: more than the server's --max-output-tokens 256"),
     ({"text": ["a"] * 20, "beam": 16}, 413, "20 sentences x beam 16: more than the server's --max-hypotheses 300"),
+    ({"text": ["a"], "mbr": 17}, 400, "mbr 17: more than the server's --max-beam 16"),
+    ({"text": ["a"] * 19, "mbr": 16, "mbr_candidates": "sample"}, 413, "19 sentences x mbr 16: more than"),
+    ({"text": ["a"], "sampling": True, "nbest": 17}, 400, "nbest 17: more than the server's --max-beam 16"),
+    ({"text": ["a"], "mbr": 4, "beam": 5}, 400, "beam applies only to beam search"),
+    ({"text": ["a"], "mbr": 4, "mbr_candidates": "sample", "constraints": [["b"]]}, 400,
+     "constraints apply to beam search, not with sampling"),
     ({"text": ["a b c d e f g h i j"] * 5}, 413, "sentences 1 to 5 come to 50 source tokens, more than the "
                                                "server's --max-source-tokens 40"),
     ({"text": ["a"], "max_len_b": 10**30}, 400, "max_len_b=1000000000000000000000000000000: must be <="),
