@@ -273,7 +273,7 @@ def import_model(source: Path, output: Path, **options: Any) -> None:
     from nmt_cli.interop.importer import import_model
 
     config = build(ImportConfig, **options)
-    inputs = [source, *filter(None, [config.data_dir, config.bpe_codes, config.sentencepiece])]
+    inputs = [source, *filter(None, [config.bpe_codes, config.sentencepiece])]  # and the files read: import_model
     checkpoint = import_model(source, destination(output, "checkpoint", inputs=inputs),
                               warn=lambda message: click.echo(message, err=True), options=config)
     from nmt_cli.model.checkpoint import bundle_of

@@ -70,7 +70,8 @@ MBR_CANDIDATES = ("beam", "sample")
 
 @dataclass(frozen=True)
 class SearchConfig(Options):
-    """Beam search (search.py, sampling.py; §6.1: beam 4, length penalty 0.6, max output length input + 50)."""
+    """Beam search (search.py, sampling.py, mbr.py; §6.1: beam 4, length penalty 0.6, max output length input
+    + 50)."""
 
     beam: int = knob(4, "Beam size (1: greedy).", min=1, max=BEAM_MAX, only_if=(
         lambda c: not c.samples and c.mbr is None, SEARCHING[1] + " or --mbr (a beam of --mbr N)"))
@@ -118,7 +119,7 @@ class SearchConfig(Options):
                              "[default: a random seed, printed].", min=0, max=SEED_MAX, only_if=_SAMPLING)
     mbr: int | None = knob(None, "Minimum Bayes risk decoding: of N candidates (--mbr-candidates), output the one "
                            "whose mean --mbr-utility against the others is highest (--nbest: the first by it), at "
-                           "about the search's cost for a beam of N and N^2 sentence scores.", min=2, max=BEAM_MAX,
+                           "about the cost of a beam of N and N(N-1) sentence scores a line.", min=2, max=BEAM_MAX,
                            only_if=(lambda c: not c.sampling,
                                     "without --sampling (--mbr-candidates sample draws the candidates)"))
     mbr_utility: str = knob("chrf", "How --mbr scores a candidate against another: sentence-level chrF or BLEU, "

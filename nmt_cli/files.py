@@ -14,6 +14,7 @@ dies, so a killed run never blocks the next, and a second run is refused naming 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import os
@@ -96,11 +97,43 @@ def destination(path: Path, what: str, stream: str = "", inputs: Iterable[Path] 
     return real
 
 
+_reads: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("reads", default=None)
+
+
+@contextlib.contextmanager
+def reads_recorded() -> Iterator[list[Path]]:
+    """The files read inside the block (`small_file`, and every reader's `note_read`): what an
+    output must not replace, however the command came to read them (beside a checkpoint, named by
+    its options), not only the paths its user typed."""
+    reads: list[Path] = []
+    token = _reads.set(reads)
+    try:
+        yield reads
+    finally:
+        _reads.reset(token)
+
+
+def note_read(path: Path) -> None:
+    """Record that `path` is read, for `reads_recorded`."""
+    if (reads := _reads.get()) is not None:
+        reads.append(Path(path))
+
+
+def not_read(output: Path, reads: Iterable[Path], what: str) -> None:
+    """Refuse, in one line and before writing, an `output` that is one of the files a command read
+    (`reads_recorded`): writing the `what` there would destroy it."""
+    for path in reads:
+        if overlap(output, path) is not None:
+            raise NmtError(f"{output}: the file {path}, which this {what} read: writing there would destroy it; "
+                           "choose another path")
+
+
 def small_file(path: Path, what: str, limit: int) -> bytes:
     """The bytes of `path`, a regular file of at most `limit` bytes (options, keys, a tokenizer's
     model, a configuration; not a device or FIFO that never ends, nor data given by mistake).
     Refused in one line naming `path` and `what` it should be."""
     path = Path(path)
+    note_read(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
     except OSError as e:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from nmt_cli.errors import NmtError
+from nmt_cli.files import note_read
 from nmt_cli.interop.export_argos import ARGOS_SEARCH
 from nmt_cli.interop.import_ctranslate2 import ctranslate2_release
 from nmt_cli.interop.reading import read_json
@@ -68,6 +69,7 @@ def package_folder(source: Path) -> Iterator[Path]:
 
 def extract(source: Path, into: Path) -> Path:
     """The zip's files under `into`, every entry checked first; the package's folder."""
+    note_read(source)
     try:
         with zipfile.ZipFile(source) as z:
             members = z.infolist()

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
-from nmt_cli.files import small_file
+from nmt_cli.files import note_read, small_file
 from nmt_cli.interop.reading import sentencepiece_file, setting, token_id, tokens_by_id
 from nmt_cli.interop.release import Release, Side, marian_text, sines_then_cosines
 from nmt_cli.model.architecture import ModelConfig
@@ -89,6 +89,7 @@ class Npz:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        note_read(path)
         try:
             self.zip = zipfile.ZipFile(path)
         except (OSError, zipfile.BadZipFile) as e:

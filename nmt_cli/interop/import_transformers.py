@@ -16,6 +16,7 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.files import note_read
 from nmt_cli.interop.reading import read_json, safetensors_file, sentencepiece_file, setting, token_id, tokens_by_id
 from nmt_cli.interop.release import Release, Side, layer_weights, marian_text, sines_then_cosines
 from nmt_cli.model.architecture import ModelConfig
@@ -143,6 +144,7 @@ def read_weights(source: Path) -> dict[str, Tensor]:
     path = source / "pytorch_model.bin"
     if not path.is_file():
         raise NmtError(f"{source}: no model.safetensors or pytorch_model.bin")
+    note_read(path)
     try:
         weights = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on garbage in many ways)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
+from nmt_cli.files import not_read, reads_recorded
 from nmt_cli.interop.formats import READERS, reader_for
 from nmt_cli.interop.import_fairseq import read_fairseq
 from nmt_cli.interop.import_onmt import read_onmt
@@ -55,7 +56,9 @@ def import_model(source: Path, out: Path, warn: Callable[[str], None] = print,
             takers = " or ".join(r.summary for r in READERS if name in r.options)
             raise NmtError(f"--{name.replace('_', '-')}: only {takers} takes it; {source} is not one")
     assert reader is not None
-    release = reader.entry()(source, options, warn)
+    with reads_recorded() as reads:
+        release = reader.entry()(source, options, warn)
+    not_read(out, reads, "import")
     checkpoint = checkpoint_of(release)
     checked_model(checkpoint, source)  # what could be wrong came from the release: its name in the error
     save(checkpoint, out)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
+from nmt_cli.files import note_read
 
 # CTranslate2's DataType ids (include/ctranslate2/types.h), and the item size of the versions before
 # 4, which stored a width where a type id is now.
@@ -99,6 +100,7 @@ class _Reader:
 
 def read_model_bin(path: Path) -> ModelBin:
     """The variables of `path`, or a one-line error naming the file and what is wrong."""
+    note_read(path)
     try:
         with open(path, "rb") as f:
             reader = _Reader(f, os.fstat(f.fileno()).st_size, path)

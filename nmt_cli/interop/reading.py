@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
-from nmt_cli.files import small_file
+from nmt_cli.files import note_read, small_file
 from nmt_cli.text.pieces import load_sentencepiece
 from nmt_cli.text.processor import check_codes
 
@@ -127,6 +127,7 @@ def load_pickled(path: Path) -> dict[str, Any]:
     stand-ins, made plain: `plain`): a class of anything else is refused, naming it, and no code
     runs."""
     allowed = [argparse.Namespace, dict, list, int, typing.Any, collections.defaultdict, *OMEGACONF_STAND_INS]
+    note_read(path)
     try:
         with torch.serialization.safe_globals(allowed):
             state = plain(torch.load(path, map_location="cpu", weights_only=True))
@@ -151,6 +152,7 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
     """The tensors of a safetensors file (a little-endian header size, a JSON header of dtypes,
     shapes and offsets, the data), each read into a tensor of its own: a memory-mapped file would
     stay resident whole, the model twice over while it is converted."""
+    note_read(path)
     with open(path, "rb") as f:
         data = os.fstat(f.fileno()).st_size - 8  # the header, then the tensors' bytes
         size = int.from_bytes(f.read(8), "little")

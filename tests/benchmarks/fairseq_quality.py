@@ -88,13 +88,16 @@ def prepare(work: Path, bin_: Path, merges: int, threads: int) -> Path:
 
 
 def train(work: Path, data: Path, bin_: Path, minutes: float, threads: int) -> tuple[int, list[Path]]:
-    """fairseq-train for `minutes` of training: its updates and the last 10 epoch checkpoints."""
-    save = work / "checkpoints"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    log = run(bin_ / "fairseq-train", data, *RECIPE, "--cpu", "--save-dir", save, "--keep-last-epochs", "10",
-              "--no-last-checkpoints", "--stop-time-hours", minutes / 60, "--log-format", "simple",
-              "--log-interval", "100", "--seed", "1", env=env)
-    (work / "train.log").write_text(log)
+    """fairseq-train for `minutes` of training (unless an earlier run of this benchmark finished
+    it): its updates and the last 10 epoch checkpoints."""
+    save, done = work / "checkpoints", work / "train.log"
+    if not done.exists():
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        log = run(bin_ / "fairseq-train", data, *RECIPE, "--cpu", "--save-dir", save, "--keep-last-epochs", "10",
+                  "--no-last-checkpoints", "--stop-time-hours", minutes / 60, "--log-format", "simple",
+                  "--log-interval", "100", "--seed", "1", env=env)
+        done.write_text(log)
+    log = done.read_text()
     updates = max(int(n) for n in re.findall(r"num_updates[ =:]+(\d+)", log))
     epochs = sorted(save.glob("checkpoint[0-9]*.pt"), key=lambda p: int(re.sub(r"\D", "", p.name)))
     return updates, epochs[-10:]
@@ -102,7 +105,8 @@ def train(work: Path, data: Path, bin_: Path, minutes: float, threads: int) -> t
 
 def translate(work: Path, data: Path, bin_: Path, model: Path, split: str, threads: int) -> list[str]:
     """fairseq-generate's beam-5 output of `split`, BPE removed, detokenized, in input order."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # fairseq 0.12.2 pickles its options; torch >= 2.6 loads weights only unless told
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     out = run(bin_ / "fairseq-generate", data, "--path", model, "--gen-subset", split, "--beam", "5",
               "--remove-bpe", "--batch-size", "128", "--cpu", env=env)
     hyps = dict(sorted((int(m[1]), m[2]) for m in re.finditer(r"^H-(\d+)\t\S+\t(.*)$", out, re.M)))
@@ -120,7 +124,7 @@ def bleu(hyps: list[str], split: str) -> float:
 
 
 def fairseq_side(work: Path, bin_: Path, minutes: float, threads: int, merges: int) -> dict:
-    data = prepare(work, bin_, merges, threads)
+    data = work / "data-bin" if (work / "train.log").exists() else prepare(work, bin_, merges, threads)
     updates, last = train(work, data, bin_, minutes, threads)
     model = work / "average.pt"
     run(bin_ / "python", "-c", AVERAGE, *last, model)

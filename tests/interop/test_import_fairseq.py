@@ -139,3 +139,25 @@ def test_codes_and_dictionaries_that_are_not_what_they_claim_are_one_line(tmp_pa
                                        "checkpoint's embedding has 1,048 rows: not this checkpoint's vocabulary$"):
         import_model(tmp_path / "checkpoint.pt", tmp_path / "out.pt", options=WORDS)
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_an_output_that_is_a_file_the_import_reads_is_refused(tmp_path):
+    """Found beside the checkpoint or in --data-dir, not typed: the dictionary is still not
+    replaced (checked against every file read, after reading, before writing); a new file inside
+    --data-dir is only an output."""
+    model = tmp_path / "model"
+    shutil.copytree(FIXTURES / "post", model)
+    before = (model / "dict.en.txt").read_bytes()
+    refused = cli("import", model / "checkpoint.pt", "-o", model / "dict.en.txt", "-s", "en", "-t", "de",
+                  "--tokenizer", "none")
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1, refused.output
+    assert f"the file {model / 'dict.en.txt'}, which this import read" in refused.output
+    assert (model / "dict.en.txt").read_bytes() == before
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(model / "checkpoint.pt", tmp_path / "elsewhere" / "checkpoint.pt")
+    refused = cli("import", tmp_path / "elsewhere" / "checkpoint.pt", "-o", model / "dict.de.txt", "-s", "en", "-t",
+                  "de", "--tokenizer", "none", "--data-dir", model)
+    assert refused.exit_code == 1 and "which this import read" in refused.output
+    done = cli("import", tmp_path / "elsewhere" / "checkpoint.pt", "-o", model / "new.pt", "-s", "en", "-t", "de",
+               "--tokenizer", "none", "--data-dir", model)
+    assert done.exit_code == 0, done.output

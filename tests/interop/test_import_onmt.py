@@ -118,6 +118,10 @@ def test_weights_beside_the_checkpoint_and_the_subword_model_its_options_name(tm
         import_model(tmp_path / "model_step_400.pt", tmp_path / "out.pt", options=EN_DE)
     assert not (tmp_path / "out.pt").exists()
     shutil.copy(FIXTURES / "spm" / "model_step_400.safetensors", tmp_path / "model_step_400.0.safetensors")
+    weights = (tmp_path / "model_step_400.0.safetensors").read_bytes()
+    with pytest.raises(NmtError, match="model_step_400.0.safetensors: the file .* which this import read"):
+        import_model(tmp_path / "model_step_400.pt", tmp_path / "model_step_400.0.safetensors", options=EN_DE)
+    assert (tmp_path / "model_step_400.0.safetensors").read_bytes() == weights
     import_model(tmp_path / "model_step_400.pt", tmp_path / "out.pt", options=EN_DE)
     assert val_translations(tmp_path / "out.pt", 4) == (FIXTURES / "spm" / "valid.beam4.de").read_text().splitlines()
 
