@@ -187,7 +187,8 @@ class Trainer:
         adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
         options = {"lr": 0.0, "betas": (config.adam_beta1, config.adam_beta2), "eps": config.adam_eps,
                    **({"weight_decay": config.weight_decay} if config.weight_decay else {})}
-        trained = [p for p in model.parameters() if p.requires_grad]  # all but --freeze's
+        self.trained = [name for name, p in model.named_parameters() if p.requires_grad]  # all but --freeze's
+        trained = [p for p in model.parameters() if p.requires_grad]
         try:  # one fused kernel for all parameters (CUDA; CPU since torch 2.4)
             self.optimizer = adam(trained, fused=True, **options)
         except RuntimeError:
@@ -282,16 +283,24 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         average = {"ema": self.average.state()} if self.average is not None else {}
-        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), **average}
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "trained": self.trained,
+                **average}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """The states of a checkpoint (a run that turns --ema-decay on starts the average here)."""
+        """The states of a checkpoint (a run that turns --ema-decay on starts the average here).
+        Its optimizer's state is refused for other parameters than this run trains (another
+        --freeze): by their names where the checkpoint lists them (a set of the same shapes loads
+        without complaint, each state on another weight), else by their number and shapes."""
+        other = state.get("trained", self.trained) != self.trained
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if not other:
+                self.optimizer.load_state_dict(state["optimizer"])
         except ValueError:  # its parameter groups are not this run's
+            other = True
+        if other:
             raise NmtError(f"the checkpoint's optimizer trained other parameters than this run would (--freeze "
                            f"{' '.join(self.config.freeze) or '(none)'} now): resume with the --freeze it was "
-                           "saved with, or fine-tune from it with --init-from") from None
+                           "saved with, or fine-tune from it with --init-from")
         self.scaler.load_state_dict(state["scaler"])
         if self.average is not None and "ema" in state:
             self.average.load_state(state["ema"])

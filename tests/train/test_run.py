@@ -209,8 +209,9 @@ def test_frozen_parts_keep_their_weights_while_the_rest_trains(tmp_path):
             name == "output_projection.weight"  # tied: the target embedding
         assert torch.equal(before[name], after[name]) is frozen, name
     assert any(name.startswith("decoder_layers.1.") for name in before)  # something was trained
-    with pytest.raises(NmtError, match="the checkpoint's optimizer trained other parameters than this run would"):
-        run_training(data, tmp_path / "tuned", LEARNER, init_from=init, max_updates=8, freeze=("embeddings",))
+    for other in (("embeddings",), ("embeddings", "encoder", "decoder.1")):  # decoder.1: the same shapes as decoder.0
+        with pytest.raises(NmtError, match="the checkpoint's optimizer trained other parameters than this run would"):
+            run_training(data, tmp_path / "tuned", LEARNER, init_from=init, max_updates=8, freeze=other)
     for parts, message in ((("decoder.2",), "--freeze decoder.2: expected embeddings, output, encoder, decoder, "
                                             "encoder.N \\(N from 0 to 1\\) or decoder.N \\(to 1\\)"),
                            (("output",), "--freeze output: this model has no parameter of its own there"),
