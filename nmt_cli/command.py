@@ -29,8 +29,9 @@ class Command(click.Command):
         self.inputs_decide = inputs_decide
         self.params.append(click.Option(
             ["--config"], type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
-            expose_value=False, callback=read_config,
-            help="Options from this YAML file (keys: the long option names); flags given here override it."))
+            multiple=True, expose_value=False, callback=read_configs,
+            help="Options from this YAML file (keys: the long option names); flags given here override it "
+                 "(repeatable: a later file overrides an earlier one)."))
         self.params.append(click.Option(
             ["--dump-config"], is_flag=True, expose_value=False,
             callback=lambda ctx, _, on: ctx.meta.update({DUMP: on}),
@@ -91,19 +92,46 @@ def option_keys(command: click.Command) -> dict[str, tuple[str, bool]]:
 CONFIG_BYTES = 1 << 20  # a config file holds options, not data
 
 
-def read_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> None:
-    """Make the options of the YAML file at `path` the command's defaults (ctx.default_map), so
-    that flags given on the command line override them. Each value is taken as a flag's text
-    would be, by the option's own type; an unknown key, a value of the wrong kind, and a file
-    that is not a small regular file are refused in one line naming the file (and the line)."""
-    if path is None:
-        return
+def read_configs(ctx: click.Context, _: click.Parameter, paths: tuple[Path, ...]) -> None:
+    """Each --config file in turn (`read_config`): a later file's option overrides an earlier's."""
+    for path in paths:
+        read_config(ctx, path)
+
+
+def options_loader(text: str) -> Any:
+    """A YAML loader of a file of options: YAML's core schema less its guesses, every plain scalar
+    text (as a flag's would be: `beam: 010` is 10, `target-lang: no` the language "no", `1:30`
+    no number) but null; an alias (*name) refused, so that a small file cannot expand."""
     import yaml
 
-    loader = yaml.SafeLoader(config_text(path))
+    class OptionsLoader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag == NULL_TAG]
+                                   for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.composer.ComposerError(None, None, "an alias (*name): a file of options spells out each "
+                                                  "value", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+
+    return OptionsLoader(text)
+
+
+NULL_TAG = "tag:yaml.org,2002:null"
+
+
+def read_config(ctx: click.Context, path: Path) -> None:
+    """Make the options of the YAML file at `path` the command's defaults (ctx.default_map), so
+    that flags given on the command line override them. Each value is taken as a flag's text
+    would be, by the option's own type; an unknown key, a key given twice, a value of the wrong
+    kind, and a file that is not a small regular file are refused in one line naming the file
+    (and the line)."""
+    import yaml
+
+    loader = options_loader(config_text(path))
     try:  # safe_load's steps, keeping the document's nodes for their lines
         node = loader.get_single_node()
-        values, lines = (None, {}) if node is None else (loader.construct_document(node), key_lines(node))
+        values, lines = (None, {}) if node is None else (loader.construct_document(node), key_lines(node, path))
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f":{where.line + 1}" if where is not None else ""
@@ -118,7 +146,7 @@ def read_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> No
                                    f"got a {type(values).__name__}")
     keys, params, defaults = option_keys(ctx.command), {p.name: p for p in ctx.command.params}, {}
     for key, value in values.items():
-        where = f"{path}:{lines.get(str(key), '?')}"
+        where = f"{path}:{lines.get(str(key).replace('_', '-'), '?')}"
         if str(key).replace("_", "-") not in keys:
             raise click.ClickException(f"{where}: {key!r} is not an option of `nmt {ctx.info_name}` "
                                        f"(see nmt {ctx.info_name} --help)")
@@ -139,13 +167,20 @@ def config_text(path: Path) -> str:
         raise click.ClickException(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def key_lines(node: Any) -> dict[str, int]:
-    """The line of each top-level key of a composed YAML document (1-based)."""
+def key_lines(node: Any, path: Path) -> dict[str, int]:
+    """The line of each top-level key of a composed YAML document (1-based); a key given twice
+    (with dashes or underscores) is refused naming both lines."""
     import yaml
 
     if not isinstance(node, yaml.MappingNode):
         return {}
-    return {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
+    lines: dict[str, int] = {}
+    for key, _ in node.value:
+        name, line = str(key.value), key.start_mark.line + 1
+        if (first := lines.get(name.replace("_", "-"))) is not None:
+            raise click.ClickException(f"{path}:{line}: {name!r} again (first on line {first}): give each option once")
+        lines[name.replace("_", "-")] = line
+    return lines
 
 
 def flag_text(value: Any, where: str) -> str:

@@ -62,6 +62,12 @@ def test_a_config_file_sets_options_and_the_command_line_overrides_it(tmp_path):
     ("[" * 5000 + "]" * 5000 + "\n", "{path}: nested too deeply to be a file of options"),
     ("max-tokens: [1\n", "{path}:2: not a YAML file (expected ',' or ']', but got '<stream end>')"),
     ("- max-tokens\n", "{path}: expected option: value lines (a YAML mapping), got a list"),
+    # an alias could expand a small file without bound; a key given twice would silently win
+    ("a: &x [1]\nmax-tokens: *x\n", "{path}:2: not a YAML file (an alias (*name): a file of options spells out "
+                                     "each value)"),
+    ("max-tokens: 100\nseed: 1\nmax_tokens: 200\n", "{path}:3: 'max_tokens' again (first on line 1): give each "
+                                                    "option once"),
+    ("max-tokens: 1:30\n", "{path}:1: max-tokens: '1:30' is not a valid integer."),  # YAML 1.1's 90
 ])
 def test_a_bad_config_file_is_one_line_naming_it(tmp_path, text, message):
     path = tmp_path / "run.yaml"
@@ -69,6 +75,21 @@ def test_a_bad_config_file_is_one_line_naming_it(tmp_path, text, message):
     result = cli("train", tmp_path, "--save-dir", tmp_path / "ckpt", "--config", path)
     assert result.exit_code == 1 and result.output == f"Error: {message.format(path=path)}\n"
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_values_are_their_text_and_later_files_override_earlier_ones(tmp_path):
+    """YAML 1.1 would make `010` the number 8 and `no` false: a file says what its flag's text
+    would; with two --config files, the second's option wins and the first's others stay."""
+    model = tiny_checkpoint(tmp_path / "m.pt")
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("beam: 010\nmax-len-b: 3\nlenpen: 1\n")
+    second.write_text("max-len-b: 010\n")
+    dumped = cli("translate", "-m", model, "--config", first, "--config", second, "--dump-config")
+    assert dumped.exit_code == 0, dumped.output
+    assert "beam: 10\n" in dumped.output and "max-len-b: 10\n" in dumped.output and "lenpen: 1.0\n" in dumped.output
+    (tmp_path / "langs.yaml").write_text("source-lang: no\ntarget-lang: 'off'\n")
+    dumped = cli("preprocess", "--config", tmp_path / "langs.yaml", "--dump-config")
+    assert "source-lang: 'no'\n" in dumped.output and "target-lang: 'off'\n" in dumped.output
 
 
 def test_the_dumped_configuration_reads_back_and_trains(tmp_path):
