@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,15 +79,33 @@ def read_onmt(path: Path, state: dict[str, Any], given: ImportConfig, warn: Call
 def safetensors_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The model's and the generator's weights of a checkpoint saved with `-save_format safetensors`:
     NAME.safetensors beside NAME.pt (onmt_train's), or its shards NAME.*.safetensors."""
-    files = [path.with_suffix(".safetensors")] if path.with_suffix(".safetensors").is_file() else \
-        sorted(path.parent.glob(f"{glob.escape(path.stem)}.*.safetensors"))
+    files = [path.with_suffix(".safetensors")] if path.with_suffix(".safetensors").is_file() else shards(path)
     if not files:
         raise NmtError(f"{path}: no weights in it, and no {path.with_suffix('.safetensors').name} beside it (its "
                        "-save_format safetensors)")
-    weights = {name: tensor for file in files for name, tensor in safetensors_file(file).items()}
+    weights: dict[str, Tensor] = {}
+    found_in: dict[str, Path] = {}
+    for file in files:
+        for name, tensor in safetensors_file(file).items():
+            if name in found_in:
+                raise NmtError(f"{file}: {name} again (also in {found_in[name].name}): shards hold a weight each")
+            weights[name], found_in[name] = tensor, file
     generator = {name.removeprefix("generator."): weights.pop(name) for name in list(weights)
                  if name.startswith("generator.")}
     return weights, generator
+
+
+def shards(path: Path) -> list[Path]:
+    """The shards OpenNMT-py writes beside NAME.pt, NAME.0.safetensors to NAME.{K-1}.safetensors,
+    in order; another file of that pattern (NAME.old.safetensors) is not one, and numbers that do
+    not run from 0 are refused naming them."""
+    numbered = sorted((int(match[1]), file) for file in path.parent.glob(f"{glob.escape(path.stem)}.*.safetensors")
+                      if (match := re.fullmatch(re.escape(path.stem) + r"\.(0|[1-9][0-9]{0,3})\.safetensors",
+                                                file.name)))
+    if [n for n, _ in numbered] != list(range(len(numbered))):
+        names = ", ".join(file.name for _, file in numbered)
+        raise NmtError(f"{path}: its shards are {names}; OpenNMT-py writes {path.stem}.0.safetensors on, one a number")
+    return [file for _, file in numbered]
 
 
 def onmt_vocabulary(vocab: dict[str, Any], side: str, path: Path) -> list[str]:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import stat
 import typing
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,11 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
     shapes and offsets, the data), each read into a tensor of its own: a memory-mapped file would
     stay resident whole, the model twice over while it is converted."""
     note_read(path)
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NmtError(f"{path}: not a regular file (weights in safetensors are one)")
+    with os.fdopen(fd, "rb") as f:
         data = os.fstat(f.fileno()).st_size - 8  # the header, then the tensors' bytes
         size = int.from_bytes(f.read(8), "little")
         if not 0 < size <= min(data, HEADER_BYTES):

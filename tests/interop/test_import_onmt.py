@@ -6,15 +6,18 @@ and onmt_translate's own translations (beam 1 and 4) and scores of the reference
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 from conftest import NEEDS_CTRANSLATE2, cli, multi30k_lines, val_reference_records, val_translations
 
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.importer import import_model
+from nmt_cli.interop.reading import safetensors_file
 from nmt_cli.model import checkpoint as ckpt
 from nmt_cli.run_config import ImportConfig
 
@@ -124,6 +127,33 @@ def test_weights_beside_the_checkpoint_and_the_subword_model_its_options_name(tm
     assert (tmp_path / "model_step_400.0.safetensors").read_bytes() == weights
     import_model(tmp_path / "model_step_400.pt", tmp_path / "out.pt", options=EN_DE)
     assert val_translations(tmp_path / "out.pt", 4) == (FIXTURES / "spm" / "valid.beam4.de").read_text().splitlines()
+
+
+def test_only_the_shards_onmt_writes_are_read(tmp_path):
+    """NAME.0.safetensors on: a stale NAME.old.safetensors beside them changes nothing, a FIFO
+    named like a shard is refused at once (never waited on), as is a weight in two shards or a
+    gap in the numbers."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(FIXTURES / "spm" / "model_step_400.pt", weights_only=True)
+    torch.save(state, tmp_path / "model_step_400.pt")
+    shutil.copy(FIXTURES / "spm" / "spm.model", tmp_path / "spm.model")
+    shutil.copy(FIXTURES / "spm" / "model_step_400.safetensors", tmp_path / "model_step_400.0.safetensors")
+    weights = safetensors_file(tmp_path / "model_step_400.0.safetensors")
+    stale = {name: torch.zeros_like(tensor) for name, tensor in weights.items()}
+    safetensors.torch.save_file(stale, tmp_path / "model_step_400.old.safetensors")
+    import_model(tmp_path / "model_step_400.pt", tmp_path / "out.pt", options=EN_DE)
+    assert val_translations(tmp_path / "out.pt", 4) == (FIXTURES / "spm" / "valid.beam4.de").read_text().splitlines()
+    os.mkfifo(tmp_path / "model_step_400.1.safetensors")
+    with pytest.raises(NmtError, match=r"model_step_400.1.safetensors: not a regular file"):
+        import_model(tmp_path / "model_step_400.pt", tmp_path / "out2.pt", options=EN_DE)
+    (tmp_path / "model_step_400.1.safetensors").unlink()
+    shutil.copy(tmp_path / "model_step_400.0.safetensors", tmp_path / "model_step_400.1.safetensors")
+    with pytest.raises(NmtError, match=r"model_step_400.1.safetensors: \S+ again \(also in model_step_400.0"):
+        import_model(tmp_path / "model_step_400.pt", tmp_path / "out2.pt", options=EN_DE)
+    (tmp_path / "model_step_400.1.safetensors").rename(tmp_path / "model_step_400.2.safetensors")
+    with pytest.raises(NmtError, match=r"its shards are model_step_400.0.safetensors, model_step_400.2.safetensors"):
+        import_model(tmp_path / "model_step_400.pt", tmp_path / "out2.pt", options=EN_DE)
+    assert not (tmp_path / "out2.pt").exists()
 
 
 def test_a_file_the_options_name_elsewhere_is_never_read(tmp_path):
