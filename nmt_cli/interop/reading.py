@@ -109,17 +109,40 @@ OMEGACONF_STAND_INS = [type(name, (OmegaconfObject,), {"__module__": module, "__
                        for module, names in OMEGACONF.items() for name in names]
 
 
-def plain(value: Any) -> Any:
-    """`value` with omegaconf's containers (stand-ins) made dictionaries and lists of their values."""
-    if isinstance(value, OmegaconfObject):
-        state = value.state if isinstance(value.state, dict) else {}
-        content = state.get("_content", state.get("_val"))
-        return plain(content)
-    if isinstance(value, dict):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    return value
+def plain(value: Any, done: dict[int, Any] | None = None, open_: set[int] | None = None) -> Any:
+    """`value` with omegaconf's containers (stand-ins) made dictionaries and lists of their values,
+    each object made once however often it is shared (one list shared 40 levels deep is 40 lists,
+    not 2^40: `done`); an object inside itself (`open_`: those being made) and a tensor with more
+    elements than its storage holds (stride 0: billions of elements over one) are refused, with a
+    ValueError, before anything is copied."""
+    done, open_ = ({} if done is None else done), (set() if open_ is None else open_)
+    if isinstance(value, Tensor):
+        check_storage(value)
+        return value
+    if not isinstance(value, (OmegaconfObject, dict, list)):
+        return value
+    if id(value) in open_:
+        raise ValueError("an object that holds itself")
+    if id(value) not in done:
+        open_.add(id(value))
+        if isinstance(value, OmegaconfObject):
+            state = value.state if isinstance(value.state, dict) else {}
+            done[id(value)] = plain(state.get("_content", state.get("_val")), done, open_)
+        elif isinstance(value, dict):
+            done[id(value)] = {key: plain(item, done, open_) for key, item in value.items()}
+        else:
+            done[id(value)] = [plain(item, done, open_) for item in value]
+        open_.discard(id(value))
+    return done[id(value)]
+
+
+def check_storage(tensor: Tensor) -> None:
+    """Refuse a tensor whose elements need more bytes than its storage holds: a view that repeats
+    its storage (stride 0, or overlapping strides), which any copy would make that large."""
+    needed, held = tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes()
+    if needed > held:
+        raise ValueError(f"a tensor of shape {tuple(tensor.shape)} over a storage of {held:,} bytes (it repeats "
+                         "its storage; no checkpoint's weight does)")
 
 
 def load_pickled(path: Path) -> dict[str, Any]:

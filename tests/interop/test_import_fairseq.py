@@ -161,3 +161,40 @@ def test_an_output_that_is_a_file_the_import_reads_is_refused(tmp_path):
     done = cli("import", tmp_path / "elsewhere" / "checkpoint.pt", "-o", model / "new.pt", "-s", "en", "-t", "de",
                "--tokenizer", "none", "--data-dir", model)
     assert done.exit_code == 0, done.output
+
+
+def test_a_small_file_cannot_ask_for_unbounded_memory(tmp_path):
+    """A list shared 40 levels deep (2^40 lists if copied reference by reference) is made once per
+    object, in a plain list or through omegaconf's stand-ins; a weight that repeats one element
+    2^31 times (stride 0) is refused before any copy, in one line."""
+    from nmt_cli.interop.reading import load_pickled
+
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(FIXTURES / "post" / "checkpoint.pt", weights_only=True)
+    shared: list = []
+    for _ in range(40):
+        shared = [shared, shared]
+
+    class ListConfig:  # pickled as omegaconf's (omegaconf itself need not be installed)
+        def __reduce__(self):
+            return ListConfig, (), {"_content": shared}
+
+    ListConfig.__module__, ListConfig.__qualname__ = "omegaconf.listconfig", "ListConfig"
+    module = types.ModuleType("omegaconf.listconfig")
+    module.ListConfig = ListConfig
+    with unittest.mock.patch.dict(sys.modules, {"omegaconf": types.ModuleType("omegaconf"),
+                                                "omegaconf.listconfig": module}):
+        torch.save({**state, "extra": shared, "extra_config": ListConfig()}, tmp_path / "checkpoint.pt")
+    read = load_pickled(tmp_path / "checkpoint.pt")
+    assert read["extra"][0] is read["extra"][1] and read["extra_config"] is read["extra"]  # made once each
+    for name in ("dict.en.txt", "dict.de.txt"):
+        shutil.copy(FIXTURES / "post" / name, tmp_path)
+    assert cli("import", tmp_path / "checkpoint.pt", "-o", tmp_path / "out.pt", "-s", "en", "-t", "de",
+               "--tokenizer", "none").exit_code == 0
+    state["model"]["encoder.embed_tokens.weight"] = torch.zeros(1).expand(2**16, 2**15)
+    torch.save(state, tmp_path / "repeated.pt")
+    refused = cli("import", tmp_path / "repeated.pt", "-o", tmp_path / "out2.pt", "-s", "en", "-t", "de",
+                  "--tokenizer", "none")
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1
+    assert "repeated.pt: unreadable (a tensor of shape (65536, 32768) over a storage of 4 bytes" in refused.output
+    assert not (tmp_path / "out2.pt").exists()
