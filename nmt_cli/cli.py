@@ -352,6 +352,10 @@ def curves(save_dirs: tuple[Path, ...], output: Path) -> None:
     click.echo(f"wrote {training_curves(list(save_dirs), output)}", err=True)
 
 
+# sacreBLEU's tokenizers that need nothing downloaded (flores101/200 and spm fetch a model)
+SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none", "ja-mecab", "ko-mecab")
+
+
 @main.command()
 @click.option("-r", "--ref", "refs", multiple=True, required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Reference file (repeatable).")
@@ -359,7 +363,8 @@ def curves(save_dirs: tuple[Path, ...], output: Path) -> None:
               help="Detokenized hypotheses [default: stdin].")
 @click.option("-m", "--metrics", multiple=True, type=click.Choice(["bleu", "chrf", "ter"]), default=["bleu"],
               show_default=True, help="Metrics (repeatable).")
-@click.option("--tokenize", default=None, help="sacreBLEU tokenizer: 13a (default), intl, zh, ja-mecab, none, ...")
+@click.option("--tokenize", default=None, type=click.Choice(SACREBLEU_TOKENIZERS),
+              help="sacreBLEU's tokenizer [default: 13a] (ja-mecab and ko-mecab need sacrebleu[ja] or [ko]).")
 @click.option("--lowercase", is_flag=True, help="Case-insensitive scores.")
 @click.option("--paper-bleu", "paper_lang", metavar="LANG", default=None,
               help="Also the paper's tokenized, compound-split BLEU (Moses tokenizer for LANG, e.g. de).")
@@ -377,10 +382,11 @@ def score(refs: tuple[Path, ...], hyp: Path | None, metrics: tuple[str, ...], to
     Or each line's scores (--sentence), or two systems compared (--compare A B)."""
     from nmt_cli.score import Scoring, scored_lines
 
-    given = [flag for flag, on in (("-i", hyp), ("--paper-bleu", paper_lang), ("--sentence", sentence),
-                                   ("--compare", compare)) if on]
-    if compare and len(given) > 1 or sentence and paper_lang:
-        raise click.UsageError(f"{given[0]} and {given[1]} do not go together")
+    if sentence and paper_lang:
+        raise click.UsageError("--sentence and --paper-bleu do not go together")
+    if compare and (other := next((flag for flag, on in (("-i", hyp), ("--paper-bleu", paper_lang),
+                                                          ("--sentence", sentence)) if on), None)):
+        raise click.UsageError(f"{other} and --compare do not go together")
     scoring = Scoring(metrics, tokenize, lowercase, paper_lang, sentence, as_json)
     lines = scored_lines(list(refs), list(compare or [hyp]), scoring, lambda message: click.echo(message, err=True))
     click.echo("\n".join(lines))

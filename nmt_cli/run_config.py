@@ -131,8 +131,11 @@ class ServeConfig(Options):
                                       "a pair (of the one pair served, without SRC-TGT=); repeatable.")
     drain_seconds: int = knob(30, "On SIGTERM, how long the requests in flight may take to finish; those that "
                                "cannot are answered 503.", min=0, max=3600)
-    metrics_key: str | None = knob(None, "Ask this key (Authorization: Bearer KEY) for /metrics, which is open "
-                                    "otherwise (Prometheus scrapes without --api-keys' keys).")
+    metrics_key: Path | None = knob(None, "A file of keys, one per line as --api-keys' (read again on SIGHUP; a "
+                                     "file keeps a key out of the process list): /metrics then asks for one "
+                                     "(Authorization: Bearer KEY), wrong guesses counted with --failed-key-limit's; "
+                                     "it is open otherwise (Prometheus scrapes without --api-keys' keys).",
+                                     path=EXISTING_FILE)
     quantize: str | None = quantize_knob()
     device: str = device_knob()
     precision: str = precision_knob()

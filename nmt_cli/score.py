@@ -72,7 +72,12 @@ def metric(name: str, tokenize: str | None = None, lowercase: bool = False, sent
     """sacreBLEU's metric `name` (BLEU with effective order for single sentences, as its
     --sentence-level); TER is case-insensitive as sacreBLEU's default is."""
     if name == "bleu":
-        return BLEU(tokenize=tokenize, lowercase=lowercase, effective_order=sentence)
+        try:
+            return BLEU(tokenize=tokenize, lowercase=lowercase, effective_order=sentence)
+        except (ImportError, RuntimeError) as e:  # mecab's tokenizers without their packages
+            extra = {"ja-mecab": "ja", "ko-mecab": "ko"}.get(str(tokenize), "")
+            raise NmtError(f"--tokenize {tokenize}: {str(e).splitlines()[0][:120]}"
+                           + (f" (pip install 'sacrebleu[{extra}]')" if extra else "")) from None
     if name == "chrf":
         return CHRF(lowercase=lowercase)
     if name == "ter":
@@ -144,6 +149,16 @@ def split_compounds(line: str) -> str:
     return COMPOUND.sub(" ##AT##-##AT## ", line)
 
 
+def check_moses_language(lang: str) -> None:
+    """Refuse a language Moses has no rules for (its non-breaking prefixes), which it would
+    otherwise tokenize as English without a word."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    known = sorted(code for code in NonbreakingPrefixes().available_langs if len(code) <= 3)
+    if lang not in known:
+        raise NmtError(f"--paper-bleu {lang}: not a language of the Moses tokenizer ({', '.join(known)})")
+
+
 def paper_bleu(hypotheses: Sequence[str], references: Sequence[Sequence[str]], lang: str) -> Score:
     """Tokenized BLEU after Moses tokenization and compound splitting, as the paper reported it."""
     from sacremoses import MosesTokenizer
@@ -176,6 +191,8 @@ def scored_lines(refs: list[Path], hyps: list[Path | None], scoring: Scoring, wa
     """`nmt score`'s output: the corpus scores of one hypothesis file (stdin: None), each of its
     lines' scores (`scoring.sentence`), or two files compared (two `hyps`)."""
     s = scoring
+    if s.paper_lang:
+        check_moses_language(s.paper_lang)
     references = [read_lines_of(ref)[1] for ref in refs]
     systems = [read_lines_of(path, warn) for path in hyps]
     for name, hypotheses in systems:

@@ -561,9 +561,9 @@ def static_server(folder: Path) -> Iterator[str]:
 
 
 def serving(tmp_path: Path, *options, model: Path | str | None = None, device: str = "cpu",
-            files: int | None = None):
-    """`nmt serve` of `model` (default: an untrained tiny one; or SRC-TGT=PATH) on a free port, once
-    it answers; `files`: its open-file limit (soft and hard)."""
+            files: int | None = None, host: str = "127.0.0.1"):
+    """`nmt serve` of `model` (default: an untrained tiny one; or SRC-TGT=PATH) on a free port of
+    `host`, once it answers; `files`: its open-file limit (soft and hard)."""
     import resource
     import subprocess
     import sys
@@ -574,11 +574,12 @@ def serving(tmp_path: Path, *options, model: Path | str | None = None, device: s
     log = tmp_path / "serve.log"  # a file, not a pipe nobody reads
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "nmt_cli", "serve", "-m", str(model),
-                                    "--port", str(port), "--device", device, "--threads", "1", *map(str, options)],
+                                    "--port", str(port), "--host", host, "--device", device, "--threads", "1",
+                                    *map(str, options)],
                                    stdout=out, stderr=out, preexec_fn=files and (
                                        lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))))
     SERVERS.append((process, log))
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

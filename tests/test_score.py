@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import sacrebleu
 from click.testing import CliRunner
 from conftest import head, write_lines
@@ -56,6 +57,18 @@ def test_hypothesis_from_stdin(tmp_path):
     write_lines(tmp_path / "ref", REF)
     result = CliRunner().invoke(main, ["score", "-r", str(tmp_path / "ref"), "--json"], input="\n".join(HYP) + "\n")
     assert json.loads(result.output)["score"] == round(sacrebleu.corpus_bleu(HYP, [REF]).score, 4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sentence", "--paper-bleu", "de"], "--sentence and --paper-bleu do not go together"),
+    (["--paper-bleu", "zz"], "--paper-bleu zz: not a language of the Moses tokenizer (as, bn, ca,"),
+    (["--tokenize", "bogus"], "Invalid value for '--tokenize': 'bogus' is not one of '13a', 'intl'"),
+    (["--tokenize", "flores200"], "Invalid value for '--tokenize': 'flores200' is not one of"),  # a download
+])
+def test_what_nmt_score_cannot_do_is_one_line(tmp_path, args, message):
+    result = score(tmp_path, *args)
+    assert result.exit_code in (1, 2) and message in result.output and "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1].startswith("Error: ")
 
 
 def test_paper_bleu_is_labelled_and_splits_compounds(tmp_path):

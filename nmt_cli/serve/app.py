@@ -54,11 +54,11 @@ def log_requests() -> None:
 def check_address(host: str, port: int) -> None:
     """Refuse, in one line, an address this process cannot listen on (unknown, in use, not ours)."""
     try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # IPv4 or IPv6 (::1, ::)
     except socket.gaierror as e:
         raise NmtError(f"--host {host}: no such address ({reason(e)})") from None
     try:
-        with socket.create_server((host, port)):
+        with socket.create_server((host, port), family=family):
             pass
     except OSError as e:
         raise NmtError(f"{host}:{port}: cannot listen there ({reason(e)}); choose another --host or --port") from None
@@ -80,6 +80,7 @@ def serve(models: list[str], config: ServeConfig) -> None:
     device, dtype = select(device_for(config.device, config.quantize), config.precision)
     tune(device, config.threads)
     keys = Keys(config.api_keys) if config.api_keys is not None else None
+    metrics_keys = Keys(config.metrics_key) if config.metrics_key is not None else None
     connections = connection_cap(config.max_connections, warn=lambda message: print(message, file=sys.stderr))
     pairs = load_pairs(models)
     shortlists = load_shortlists(config.shortlist, pairs)
@@ -94,7 +95,7 @@ def serve(models: list[str], config: ServeConfig) -> None:
             asyncio.get_running_loop().set_exception_handler(log_loop_error)
             await super().startup(sockets)
 
-    app = create_app(Service(engines, config, batcher, metrics, keys))
+    app = create_app(Service(engines, config, batcher, metrics, keys, metrics_keys))
     server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                    proxy_headers=bool(config.forwarded_allow_ips),
                                    forwarded_allow_ips=list(config.forwarded_allow_ips) or None,
@@ -115,12 +116,15 @@ def serve(models: list[str], config: ServeConfig) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    if keys is not None:
-        signal.signal(signal.SIGHUP, lambda sig, frame: print(keys.reload(), file=sys.stderr, flush=True))
+    reloaded = [each for each in (keys, metrics_keys) if each is not None]
+    if reloaded:
+        signal.signal(signal.SIGHUP, lambda sig, frame: [print(each.reload(), file=sys.stderr, flush=True)
+                                                         for each in reloaded])
     log_once()
     if config.access_log:
         log_requests()
-    print(f"nmt serve: http://{config.host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')}; "
+    host = f"[{config.host}]" if ":" in config.host else config.host  # an IPv6 address in a URL
+    print(f"nmt serve: http://{host}:{config.port} ({device}, {str(dtype).removeprefix('torch.')}; "
           f"{', '.join(f'{source}-{target}' for source, target in engines)})", flush=True)
     web = threading.Thread(target=listen, name="nmt-http", daemon=True)
     web.start()

@@ -12,6 +12,7 @@ import functools
 import html
 import re
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from typing import Any
 
 from nmt_cli.decode.records import Translation
@@ -26,8 +27,7 @@ def is_libretranslate(body: Any) -> bool:
     return isinstance(body, dict) and "q" in body
 
 
-TAG = re.compile(r"(<!--.*?-->|<[^>]*>)", re.S)  # a comment or a tag (its attributes inside)
-RAW_TEXT = re.compile(r"<(script|style)\b", re.I)  # elements whose content is not text to translate
+RAW_TEXT = ("script", "style")  # elements whose content is not text to translate
 SPACES = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
 
 Piece = tuple[str, bool]  # a part of a text, and whether it is a line to translate
@@ -41,16 +41,54 @@ def text_pieces(text: str) -> list[Piece]:
     return pieces
 
 
+class Markup(HTMLParser):
+    """Where each part of an html text begins, by Python's HTML parser (a `>` inside a quoted
+    attribute stays in its tag, a `<` that opens no tag is text): `parts`, each (start, what):
+    "text", ("start", tag), ("end", tag) or "markup" (a comment, a declaration)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        self.parts: list[tuple[int, Any]] = []
+        self.feed(text)
+        self.close()
+
+    def _at(self, what: Any) -> None:
+        line, column = self.getpos()
+        start = self.line_starts[line - 1] + column
+        if not (what == "text" and self.parts and self.parts[-1][1] == "text"):  # text in several calls: one part
+            self.parts.append((start, what))
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        self._at(("start", tag))
+
+    def handle_endtag(self, tag: str) -> None:
+        self._at(("end", tag))
+
+    def handle_startendtag(self, tag: str, attrs: Any) -> None:
+        self._at("markup")
+
+    def handle_data(self, data: str) -> None:
+        self._at("text")
+
+    def handle_comment(self, data: str) -> None:
+        self._at("markup")
+
+    handle_decl = handle_pi = unknown_decl = handle_comment
+
+
 def html_pieces(text: str) -> list[Piece]:
     """An html `q`: the text between tags to translate (entities read, whitespace around it and
     inside it kept as one space), tags, comments, script and style as they are."""
-    pieces: list[Piece] = []
+    parts = Markup(text).parts
+    pieces: list[Piece] = [(text[:parts[0][0]], False)] if parts and parts[0][0] else []
     inside: str | None = None  # script or style, until it closes
-    for k, part in enumerate(TAG.split(text)):
-        if k % 2:
-            if inside is None and (opening := RAW_TEXT.match(part)):
-                inside = opening.group(1).lower()
-            elif inside is not None and part.lower().startswith(f"</{inside}"):
+    for (start, what), (end, _) in zip(parts, parts[1:] + [(len(text), None)]):
+        part = text[start:end]
+        if what != "text":
+            if inside is None and what[0] == "start" and what[1] in RAW_TEXT:
+                inside = what[1]
+            elif what == ("end", inside):
                 inside = None
             pieces.append((part, False))
         elif inside or not part.strip():

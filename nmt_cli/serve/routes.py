@@ -11,7 +11,6 @@ past --max-body-bytes (connections.BodyCap).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -63,6 +62,7 @@ class Service:
     batcher: Batcher
     metrics: Metrics
     keys: Keys | None = None
+    metrics_keys: Keys | None = None
     limit: RateLimit | None = field(init=False)
     failures: RateLimit = field(init=False)
 
@@ -114,15 +114,14 @@ class Service:
         """The answer to a request that may not go on (a missing or unknown key, too many of either
         from its address, too many requests, a body too large to read for its key), else None."""
         key = bearer(request.headers.get("authorization"))
+        address = request.client.host if request.client else "-"
         if request.url.path == "/metrics":
-            return self.scrape_refusal(key)
+            return self.scrape_refusal(key, address)
         if is_open(request.url.path):
             return None
-        address = request.client.host if request.client else "-"
         if self.keys is not None:
             if wait := self.failures.waiting(address):
-                return too_many(wait, f"more than the server's --failed-key-limit {self.config.failed_key_limit} "
-                                      "missing or unknown API keys a minute from this address")
+                return self.too_many_failures(wait)
             if key is None and request.method == "POST":
                 try:
                     key = await body_key(request)  # LibreTranslate's clients send it in the body
@@ -136,13 +135,29 @@ class Service:
             return too_many(wait, f"more than the server's --rate-limit {self.config.rate_limit} requests a minute")
         return None
 
-    def scrape_refusal(self, key: str | None) -> Response | None:
-        """/metrics: open to Prometheus (no --api-keys key), or behind --metrics-key."""
-        wanted = self.config.metrics_key
-        if wanted is None or key is not None and hmac.compare_digest(key.encode(), wanted.encode()):
+    def scrape_refusal(self, key: str | None, address: str) -> Response | None:
+        """/metrics: open to Prometheus (no --api-keys key), or behind --metrics-key's keys, a wrong
+        one counted against the address as a wrong API key is."""
+        if self.metrics_keys is None:
             return None
-        return JSONResponse({"error": "/metrics asks for the server's --metrics-key: send the header Authorization: "
-                                      "Bearer KEY"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if wait := self.failures.waiting(address):
+            return self.too_many_failures(wait)
+        if key in self.metrics_keys:
+            return None
+        self.failures.wait(address)
+        return JSONResponse({"error": "/metrics asks for one of the server's --metrics-key keys: send the header "
+                                      "Authorization: Bearer KEY"}, status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})
+
+    def too_many_failures(self, wait: int) -> JSONResponse:
+        return too_many(wait, f"more than the server's --failed-key-limit {self.config.failed_key_limit} missing or "
+                              "unknown keys a minute from this address")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters escaped (\\x1b), as a log line carries a client's path:
+    no terminal escape sequence reaches whoever reads the log."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def too_many(wait: int, what: str) -> JSONResponse:
@@ -191,7 +206,8 @@ async def guard(request: Request, call_next: Any) -> Any:
     service.metrics.answered(path if path in request.app.state.paths else "other", response.status_code, seconds)
     if service.config.access_log:
         client = f"{request.client.host}:{request.client.port}" if request.client else "-"
-        ACCESS_LOG.info("%s %s %s %d %.1f ms", client, request.method, path, response.status_code, 1000 * seconds)
+        ACCESS_LOG.info("%s %s %s %d %.1f ms", client, printable(request.method), printable(path),
+                        response.status_code, 1000 * seconds)
     return response
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -219,6 +220,29 @@ def test_a_client_that_goes_away_leaves_no_traceback(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_an_ipv6_address_is_served_and_the_access_log_escapes_a_path(tmp_path):
+    """--host ::1 listens (it was refused: 'Address family for hostname not supported'); a path
+    holding a terminal's escape sequence is logged escaped, not raw."""
+    _, url, process = serving(tmp_path, "--access-log", host="::1")
+    assert url.startswith("http://[::1]:") and request(url + "/translate", {"text": ["a b"]})[0] == 200
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(url + "/%1b[31mred", timeout=60)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    log = (tmp_path / "serve.log").read_text()
+    assert "nmt serve: http://[::1]:" in log and " GET /\\x1b[31mred 404 " in log and "\x1b" not in log
 
 
 @pytest.mark.slow

@@ -58,6 +58,14 @@ def test_html_is_translated_between_its_tags_which_stay_as_they_are():
     assert asked.lines == ["a & b", "e f"]
     answer = asked.answer([[Translation("A < B", [], 0.0, 0.0)], [Translation("E F", [], 0.0, 0.0)]], "en")
     assert answer == {"translatedText": page.replace("a &amp; b", "A &lt; B").replace(" e  f ", " E F ")}
+    # a `>` inside a quoted attribute is the attribute's, a `<` that opens no tag is text, and
+    # what a script holds stays, a closing tag of another element inside it too
+    page = "<a href='/x?a>b' title=\"c>d\">g h</a> 1 < 2 > 0<script>s = '</p>';</script>\n<b>i</b>"
+    asked = parse_libretranslate({"q": page, "format": "html"}, ServeConfig())
+    assert asked.lines == ["g h", "1 < 2 > 0", "i"]
+    answer = asked.answer([[Translation(t, [], 0.0, 0.0)] for t in ("G H", "1 < 2", "I")], "en")
+    assert answer == {"translatedText": page.replace("g h", "G H").replace(" 1 < 2 > 0", " 1 &lt; 2")
+                      .replace(">i<", ">I<")}
 
 
 def test_detection_names_the_languages_translated_from():
@@ -78,9 +86,10 @@ def test_detect_html_and_int8_through_a_client_and_curl(tmp_path):
     from conftest import cli, request
 
     (tmp_path / "keys.txt").write_text("k\n")
+    (tmp_path / "metrics-keys.txt").write_text("m\n")
     model = tiny_checkpoint(tmp_path / "m.pt", seed=1)
     _, url, process = serving(tmp_path, "--api-keys", tmp_path / "keys.txt", "--quantize", "int8", "--metrics-key",
-                              "m", model=f"en-de={model}")
+                              tmp_path / "metrics-keys.txt", "--failed-key-limit", 3, model=f"en-de={model}")
     assert LibreTranslateAPI(url, api_key="k").detect("a b") == [{"confidence": 100.0, "language": "en"}]
     lines = ["a b c", "d e"]
     answer = authorized(url, {"text": lines, "nbest": 2, "beam": 2}, {"Authorization": "Bearer k"})
@@ -103,6 +112,14 @@ def test_detect_html_and_int8_through_a_client_and_curl(tmp_path):
     assert refused.value.code == 401
     scraped = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer m"})
     assert urllib.request.urlopen(scraped, timeout=60).status == 200
+    codes = []
+    for guess in ("a", "b", "m"):  # with the refusal above, 3 wrong guesses: then even the key waits
+        try:
+            codes.append(urllib.request.urlopen(urllib.request.Request(
+                url + "/metrics", headers={"Authorization": f"Bearer {guess}"}), timeout=60).status)
+        except urllib.error.HTTPError as e:
+            codes.append(e.code)
+    assert codes == [401, 401, 429]
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
 
