@@ -25,7 +25,9 @@
 # LENPEN (the test set's: default 1.5, the quickstart's), SRC and TGT (default en, de). Paths are
 # taken from where it is called. Off a terminal, the teacher's translation says how many lines it
 # has done and the time left after each 4,096 lines (at most once a minute).
-# Running it again resumes where it stopped: finished steps are kept, training resumes.
+# Running it again resumes where it stopped: finished steps are kept, training resumes. A WORK
+# holds one run: one made from other inputs (TEACHER, TEACHER_DATA, RAW, SAMPLE, NBEST, SRC, TGT)
+# is refused; every setting is checked before any work.
 set -euo pipefail
 CHECKOUT=$(cd "$(dirname "$0")/.." && pwd)
 TEACHER=${TEACHER:?TEACHER=CHECKPOINT bash data/distill.sh}
@@ -37,17 +39,37 @@ THREADS=${THREADS:-$(nproc)}
 SPOT_CHECK=${SPOT_CHECK:-20}
 PRECISION=${PRECISION:-fastest}
 NBEST=${NBEST:-4}
-if ! [[ "$NBEST" =~ ^[1-9][0-9]*$ ]]; then
-  echo "distill: NBEST=$NBEST: expected a whole number of hypotheses, 1 or more" >&2
-  exit 1
-fi
-if [ -n "${SAMPLE:-}" ] && ! [[ "$SAMPLE" =~ ^[1-9][0-9]*$ ]]; then
-  echo "distill: SAMPLE=$SAMPLE: expected a whole number of training pairs, 1 or more" >&2
-  exit 1
-fi
+LENPEN=${LENPEN:-1.5}
 SRC=${SRC:-en}
 TGT=${TGT:-de}
+# Every setting checked before any work (a value is pasted into commands and Python below).
+whole() {  # NAME VALUE WHAT LOW
+  if ! [[ "$2" =~ ^[0-9]+$ ]] || [ "$((10#$2))" -lt "$4" ]; then
+    echo "distill: $1=$2: expected a whole number of $3, $4 or more" >&2
+    exit 1
+  fi
+}
+number() {  # NAME VALUE WHAT: a decimal number above 0 (MINUTES) or at least 0 (LENPEN)
+  if ! [[ "$2" =~ ^([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || { [ "$1" = MINUTES ] && ! awk "BEGIN { exit !($2 > 0) }"; }; then
+    echo "distill: $1=$2: expected $3" >&2
+    exit 1
+  fi
+}
+whole NBEST "$NBEST" hypotheses 1
+[ -z "${SAMPLE:-}" ] || whole SAMPLE "$SAMPLE" "training pairs" 1
+whole SPOT_CHECK "$SPOT_CHECK" "lines to check" 0
+whole THREADS "$THREADS" threads 1
+number MINUTES "$MINUTES" "a number of minutes above 0"
+number LENPEN "$LENPEN" "a length penalty, 0 or more"
+# WORK holds one run's data: another teacher, corpus, sample or n-best would train on the last one's.
+inputs="TEACHER=$(realpath -m "$TEACHER") TEACHER_DATA=$(realpath -m "$TEACHER_DATA") RAW=$(realpath -m "$RAW")"
+inputs+=" SAMPLE=${SAMPLE:-all} NBEST=$NBEST SRC=$SRC TGT=$TGT"
+if [ -f "$WORK/inputs.txt" ] && [ "$(cat "$WORK/inputs.txt")" != "$inputs" ]; then
+  echo "distill: $WORK holds the run of other inputs ($(cat "$WORK/inputs.txt")): give another WORK, or remove it" >&2
+  exit 1
+fi
 mkdir -p "$WORK/distilled"
+echo "$inputs" > "$WORK/inputs.txt"
 distilled=$WORK/distilled/train${SAMPLE:+-sample$SAMPLE}
 train=$RAW/train
 
@@ -131,7 +153,7 @@ nmt average-checkpoints --dir "$WORK/ckpt" --last 5 -o "$WORK/student.pt"
 nmt shortlist "$WORK/data" -o "$WORK/shortlist.txt" ${SHORTLIST_ARGS:---first 100 --best 5}
 start=$(date +%s.%N)
 nmt translate -m "$WORK/student.pt" -i "$RAW/test_2016_flickr.$SRC" -o "$WORK/test_2016_flickr.hyp.$TGT" \
-  --beam 4 --lenpen "${LENPEN:-1.5}" --quantize int8 --shortlist "$WORK/shortlist.txt" --threads "$THREADS"
+  --beam 4 --lenpen "$LENPEN" --quantize int8 --shortlist "$WORK/shortlist.txt" --threads "$THREADS"
 student=$(python3 -c "print(round($(date +%s.%N) - $start, 1))")
 echo "distill: the student translated test_2016_flickr in $student s" \
   "(int8, shortlist, $THREADS threads, start-up included)" | tee "$WORK/speed.txt"
@@ -141,7 +163,7 @@ nmt score -r "$RAW/test_2016_flickr.$TGT" -i "$WORK/test_2016_flickr.hyp.$TGT" |
 if [ ! -f "$WORK/teacher_speed.txt" ]; then
   start=$(date +%s.%N)
   nmt translate -m "$TEACHER" -i "$RAW/test_2016_flickr.$SRC" -o "$WORK/test_2016_flickr.teacher.$TGT" --beam 4 \
-    --lenpen "${LENPEN:-1.5}" --threads "$THREADS"
+    --lenpen "$LENPEN" --threads "$THREADS"
   python3 -c "print(round($(date +%s.%N) - $start, 1))" > "$WORK/teacher_speed.txt"
 fi
 teacher=$(cat "$WORK/teacher_speed.txt")

@@ -76,7 +76,8 @@ def metric(name: str, tokenize: str | None = None, lowercase: bool = False, sent
             return BLEU(tokenize=tokenize, lowercase=lowercase, effective_order=sentence)
         except (ImportError, RuntimeError) as e:  # mecab's tokenizers without their packages
             extra = {"ja-mecab": "ja", "ko-mecab": "ko"}.get(str(tokenize), "")
-            raise NmtError(f"--tokenize {tokenize}: {str(e).splitlines()[0][:120]}"
+            first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise NmtError(f"--tokenize {tokenize}: {first[:120]}"
                            + (f" (pip install 'sacrebleu[{extra}]')" if extra else "")) from None
     if name == "chrf":
         return CHRF(lowercase=lowercase)

@@ -1,5 +1,6 @@
 """`nmt score`: sacreBLEU's numbers and signature, the paper's BLEU, bad input."""
 
+import importlib.util
 import json
 
 import pytest
@@ -64,6 +65,8 @@ def test_hypothesis_from_stdin(tmp_path):
     (["--paper-bleu", "zz"], "--paper-bleu zz: not a language of the Moses tokenizer (as, bn, ca,"),
     (["--tokenize", "bogus"], "Invalid value for '--tokenize': 'bogus' is not one of '13a', 'intl'"),
     (["--tokenize", "flores200"], "Invalid value for '--tokenize': 'flores200' is not one of"),  # a download
+    pytest.param(["--tokenize", "ja-mecab"], "--tokenize ja-mecab: Japanese tokenization requires extra dependencies",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="MeCab is installed")),
 ])
 def test_what_nmt_score_cannot_do_is_one_line(tmp_path, args, message):
     result = score(tmp_path, *args)

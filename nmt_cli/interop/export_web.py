@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.files import small_file
 from nmt_cli.interop.export_onnx import write_onnx
 from nmt_cli.interop.export_transformers import forced_eos
 from nmt_cli.interop.tokenizer_json import javascript_refusal
@@ -106,8 +107,12 @@ def vendored_packages(transformers_js: Path | None) -> dict[str, Path]:
         if missing:
             raise NmtError(f"--transformers-js {given}: {folder / missing[0]} is missing (not an npm install of "
                            f"transformers.js? `{INSTALL}`)")
-    version = json.loads((given / "package.json").read_text(encoding="utf-8")).get("version")
+    try:
+        about = json.loads(small_file(given / "package.json", "transformers.js' package.json", 1 << 20))
+        version = about.get("version") if isinstance(about, dict) else None
+    except (ValueError, UnicodeDecodeError):  # cut short or not JSON: no version to read
+        version = None
     if version != TRANSFORMERS_JS:
-        raise NmtError(f"--transformers-js {given}: transformers.js {version}, and the page is made for "
-                       f"{TRANSFORMERS_JS}: `{INSTALL}`")
+        found = f"transformers.js {version}" if isinstance(version, str) else "no version in its package.json"
+        raise NmtError(f"--transformers-js {given}: {found}, and the page is made for {TRANSFORMERS_JS}: `{INSTALL}`")
     return packages

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.reading import read_codes, sentencepiece_file, text_file
+from nmt_cli.interop.reading import read_codes, sentencepiece_file, setting, text_file
 from nmt_cli.interop.release import Release, Side, check_rows, layer_weights, peer_text
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.run_config import ImportConfig
@@ -201,7 +201,10 @@ def fairseq_search(generation: dict[str, Any], path: Path) -> dict[str, Any]:
     """fairseq-generate's search: beam 5, its score over the hypothesis' length to the --lenpen,
     finished when the beam has as many hypotheses, at most max_len_a x source + max_len_b tokens,
     no </s> first (min_len 1)."""
-    return {"beam": int(generation.get("beam") or 5), "lenpen": float(generation.get("lenpen", 1.0)),
-            "lenpen_form": "length", "stopping": "early", "max_len_a": float(generation.get("max_len_a") or 0.0),
-            "max_len_b": int(generation.get("max_len_b") or 200), "min_len": int(generation.get("min_len") or 1),
+    def given(key: str, kind: type, default: Any, low: float) -> Any:
+        return setting(generation, key, kind, default, path, low)
+
+    return {"beam": given("beam", int, 5, 1), "lenpen": float(given("lenpen", float, 1.0, 0)),
+            "lenpen_form": "length", "stopping": "early", "max_len_a": float(given("max_len_a", float, 0.0, 0)),
+            "max_len_b": given("max_len_b", int, 200, 0), "min_len": given("min_len", int, 1, 0) or 1,
             "allow_unk": not generation.get("unkpen")}

@@ -127,13 +127,12 @@ def onmt_config(opt: dict[str, Any], path: Path) -> tuple[ModelConfig, bool]:
     sizes = {opt.get(key) for key in ("hidden_size", "enc_hid_size", "dec_hid_size", "word_vec_size") if key in opt}
     if len(sizes) != 1:
         raise NmtError(f"{path}: its hidden and embedding sizes differ ({sorted(map(str, sizes))}): nmt-cli's are one")
-    dropout = opt.get("dropout", [0.1])
-    attention_dropout = opt.get("attention_dropout", [0.1])
+    dropout, attention_dropout = (last_of(opt, name, 0.1, path) for name in ("dropout", "attention_dropout"))
     try:
         config = ModelConfig(
             encoder_layers=opt["enc_layers"], decoder_layers=opt["dec_layers"], d_model=sizes.pop(),
-            d_ff=opt["transformer_ff"], heads=opt["heads"], dropout=float(dropout[-1]),
-            attention_dropout=float(attention_dropout[-1]), label_smoothing=float(opt.get("label_smoothing", 0.0)),
+            d_ff=opt["transformer_ff"], heads=opt["heads"], dropout=dropout,
+            attention_dropout=attention_dropout, label_smoothing=float(opt.get("label_smoothing", 0.0)),
             positions="sinusoidal", max_positions=5000, activation=ACTIVATIONS[activation], norm="pre",
             tied_output=bool(opt.get("share_decoder_embeddings")), output_bias=True,
             norm_eps=float(opt.get("norm_eps", 1e-6)), source_eos=False)
@@ -142,6 +141,16 @@ def onmt_config(opt: dict[str, Any], path: Path) -> tuple[ModelConfig, bool]:
     except (ValueError, TypeError) as e:
         raise NmtError(f"{path}: {e}") from None
     return config, bool(opt.get("share_embeddings"))
+
+
+def last_of(opt: dict[str, Any], name: str, default: float, path: Path) -> float:
+    """An option OpenNMT-py keeps as a list, one value a stage of its schedule (-dropout): the last,
+    which training ended with; a number as it is; anything else refused in one line."""
+    value = opt.get(name, default)
+    last = value[-1] if isinstance(value, list) and value else value
+    if isinstance(last, bool) or not isinstance(last, (int, float)):
+        raise NmtError(f"{path}: -{name} {value!r}: expected a number or a list of numbers")
+    return float(last)
 
 
 def onmt_weights(model: dict[str, Tensor], generator: dict[str, Tensor], config: ModelConfig, shared: bool,

@@ -17,7 +17,15 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import note_read
-from nmt_cli.interop.reading import read_json, safetensors_file, sentencepiece_file, setting, token_id, tokens_by_id
+from nmt_cli.interop.reading import (
+    read_json,
+    safetensors_file,
+    sentencepiece_file,
+    setting,
+    token_id,
+    tokens_by_id,
+    unpickling_error,
+)
 from nmt_cli.interop.release import Release, Side, layer_weights, marian_text, sines_then_cosines
 from nmt_cli.model.architecture import ModelConfig
 from nmt_cli.model.transformer import positional_encoding
@@ -148,8 +156,7 @@ def read_weights(source: Path) -> dict[str, Tensor]:
     try:
         weights = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on garbage in many ways)
-        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise NmtError(f"{path}: refused or unreadable ({detail})") from None
+        raise unpickling_error(path, e, "a transformers model's weights") from None
     if not isinstance(weights, dict) or not all(isinstance(t, Tensor) for t in weights.values()):
         raise NmtError(f"{path}: not a dictionary of tensors")
     return weights

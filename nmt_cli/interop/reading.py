@@ -145,6 +145,16 @@ def check_storage(tensor: Tensor) -> None:
                          "its storage; no checkpoint's weight does)")
 
 
+def unpickling_error(path: Path, error: Exception, what: str) -> NmtError:
+    """What torch's weights-only unpickler refused in `path`, in one line: the global it holds,
+    which none of `what` is, and that nothing in it ran (not torch's advice to load it unsafely);
+    or the first line of what made it unreadable."""
+    if found := re.search(r"Unsupported global: GLOBAL (\S+)", str(error)):
+        return NmtError(f"{path}: refused: it holds {found.group(1)}, not {what} (nothing in it was run)")
+    detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return NmtError(f"{path}: unreadable ({detail[:200]})")
+
+
 def load_pickled(path: Path) -> dict[str, Any]:
     """A checkpoint file's dictionary (fairseq's, OpenNMT-py's), read with torch's weights-only
     unpickler and argparse.Namespace and omegaconf's containers of plain values allowed besides (as
@@ -156,11 +166,7 @@ def load_pickled(path: Path) -> dict[str, Any]:
         with torch.serialization.safe_globals(allowed):
             state = plain(torch.load(path, map_location="cpu", weights_only=True))
     except Exception as e:  # noqa: BLE001 (torch's safe unpickler fails on other files in many ways)
-        if found := re.search(r"Unsupported global: GLOBAL (\S+)", str(e)):
-            raise NmtError(f"{path}: refused: it holds {found.group(1)}, which no fairseq or OpenNMT-py "
-                           "checkpoint's weights or options are (nothing in it was run)") from None
-        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise NmtError(f"{path}: unreadable ({detail[:200]})") from None
+        raise unpickling_error(path, e, "a fairseq or OpenNMT-py checkpoint's weights or options") from None
     if not isinstance(state, dict):
         raise NmtError(f"{path}: not a checkpoint (no dictionary of weights and options)")
     return state

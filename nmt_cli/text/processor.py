@@ -117,6 +117,9 @@ def check_codes(codes: str, source: str = "BPE codes") -> str:
     for number, line in enumerate(lines[first:], start=first + 1):
         if len(line.strip("\r ").split(" ")) != 2:
             raise NmtError(f"{source}:{number}: expected a merge 'a b', got {line[:60]!r}")
+    if not first and all(line.strip("\r ").split(" ")[1].isdecimal() for line in lines):
+        raise NmtError(f"{source}: every line a token and a count: a vocabulary or dictionary (fairseq's dict.txt?), "
+                       "not BPE merges")
     return codes
 
 

@@ -7,6 +7,7 @@ their references, as the oracle."""
 
 import argparse
 import math
+import re
 import shutil
 import sys
 import types
@@ -78,8 +79,8 @@ def test_what_cannot_be_held_or_read_is_refused_in_one_line(tmp_path):
             return (print, ("ran code from the file",))
 
     torch.save({"model": {}, "cfg": Payload()}, tmp_path / "code.pt")
-    with pytest.raises(NmtError, match="code.pt: refused: it holds print, which no fairseq or OpenNMT-py checkpoint's "
-                                       "weights or options are \\(nothing in it was run\\)$"):
+    with pytest.raises(NmtError, match="code.pt: refused: it holds print, not a fairseq or OpenNMT-py checkpoint's "
+                                       "weights or options \\(nothing in it was run\\)$"):
         import_model(tmp_path / "code.pt", tmp_path / "out.pt", options=WORDS)
     module = types.ModuleType("omegaconf.nodes")  # omegaconf itself need not be installed
     module.EnumNode = type("EnumNode", (dict,), {"__module__": "omegaconf.nodes"})  # not a plain value's
@@ -128,6 +129,10 @@ def test_codes_and_dictionaries_that_are_not_what_they_claim_are_one_line(tmp_pa
     with pytest.raises(NmtError, match="codes:2: expected a merge 'a b', got 'three merge parts'"):
         import_model(FIXTURES / "bpe" / "checkpoint.pt", tmp_path / "out.pt",
                      options=ImportConfig(source_lang="en", target_lang="de", bpe_codes=tmp_path / "codes"))
+    with pytest.raises(NmtError, match="dict.en.txt: every line a token and a count: a vocabulary or dictionary "
+                                       "\\(fairseq's dict.txt\\?\\), not BPE merges$"):  # merges by their shape
+        import_model(FIXTURES / "bpe" / "checkpoint.pt", tmp_path / "out.pt", options=ImportConfig(
+            source_lang="en", target_lang="de", bpe_codes=FIXTURES / "bpe" / "dict.en.txt"))
     shutil.copy(FIXTURES / "post" / "checkpoint.pt", tmp_path)
     shutil.copy(FIXTURES / "post" / "dict.de.txt", tmp_path)
     (tmp_path / "dict.en.txt").write_bytes(b"\xff 3\n")
@@ -198,3 +203,26 @@ def test_a_small_file_cannot_ask_for_unbounded_memory(tmp_path):
     assert refused.exit_code == 1 and refused.output.count("\n") == 1
     assert "repeated.pt: unreadable (a tensor of shape (65536, 32768) over a storage of 4 bytes" in refused.output
     assert not (tmp_path / "out2.pt").exists()
+
+
+@pytest.mark.parametrize("generation, message", [
+    ({"beam": "x"}, "beam 'x': expected an integer of at least 1"),
+    ({"beam": 4.7}, "beam 4.7: expected an integer of at least 1"),  # not cut to 4
+    ({"lenpen": "long"}, "lenpen 'long': expected a number of at least 0"),
+])
+def test_a_generation_setting_of_the_wrong_kind_is_one_line(tmp_path, generation, message):
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(FIXTURES / "post" / "checkpoint.pt", weights_only=True)
+    state["cfg"]["generation"] = {**(state["cfg"].get("generation") or {}), **generation}
+    torch.save(state, tmp_path / "checkpoint.pt")
+    for name in ("dict.en.txt", "dict.de.txt"):
+        shutil.copy(FIXTURES / "post" / name, tmp_path)
+    with pytest.raises(NmtError, match=f"checkpoint.pt: {re.escape(message)}$"):
+        import_model(tmp_path / "checkpoint.pt", tmp_path / "out.pt", options=WORDS)
+    state["cfg"]["generation"]["lenpen"], state["cfg"]["generation"]["beam"] = None, None  # null: fairseq's defaults
+    torch.save(state, tmp_path / "checkpoint.pt")
+    import_model(tmp_path / "checkpoint.pt", tmp_path / "out.pt", options=WORDS)
+    from nmt_cli.model.checkpoint import load_bundle
+
+    search = load_bundle(tmp_path / "out.pt").released.search
+    assert search["beam"] == 5 and search["lenpen"] == 1.0

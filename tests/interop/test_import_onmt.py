@@ -95,6 +95,8 @@ def changed(path: Path, vocab: dict | None = None, **options) -> Path:
     ({"vocab": {"decoder_start_token": "</s>"}}, "its decoder starts from '</s>': nmt-cli's starts from <s>"),
     ({"vocab": {"src": ["<unk>", "<blank>", "<s>", "</s>", "a"]}},
      "its src vocabulary: 5 tokens, where the checkpoint's embedding has 2,176 rows: not this checkpoint's"),
+    ({"dropout": []}, "-dropout \\[\\]: expected a number or a list of numbers"),
+    ({"attention_dropout": ["x"]}, "-attention_dropout \\['x'\\]: expected a number or a list of numbers"),
 ])
 def test_what_cannot_be_held_is_refused_in_one_line(tmp_path, options, message):
     with pytest.raises(NmtError, match=f"^{tmp_path / 'changed.pt'}: {message}"):

@@ -105,4 +105,8 @@ def test_the_page_needs_a_model_javascript_can_tokenize_and_transformers_js(tmp_
     other = cli("export", "-m", tmp_path / "pieces.pt", "--format", "web", "-o", tmp_path / "web")
     assert other.exit_code != 0 and f"transformers.js 0.0.1, and the page is made for {TRANSFORMERS_JS}" in other.output
     assert len(other.output.strip().splitlines()) == 1 and not (tmp_path / "web").exists()
+    (package / "package.json").write_text('{"name": "@huggingface/transformers", "vers')  # cut short
+    cut = cli("export", "-m", tmp_path / "pieces.pt", "--format", "web", "-o", tmp_path / "web")
+    assert cut.exit_code == 1 and "no version in its package.json, and the page is made for" in cut.output
+    assert len(cut.output.strip().splitlines()) == 1 and "Traceback" not in cut.output
 
