@@ -18,6 +18,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import note_read
 from nmt_cli.interop.reading import (
+    check_storage,
     read_json,
     safetensors_file,
     sentencepiece_file,
@@ -159,6 +160,11 @@ def read_weights(source: Path) -> dict[str, Tensor]:
         raise unpickling_error(path, e, "a transformers model's weights") from None
     if not isinstance(weights, dict) or not all(isinstance(t, Tensor) for t in weights.values()):
         raise NmtError(f"{path}: not a dictionary of tensors")
+    for name, tensor in weights.items():
+        try:
+            check_storage(tensor)
+        except ValueError as e:
+            raise NmtError(f"{path}: {name}: {e}") from None
     return weights
 
 

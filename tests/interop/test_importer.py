@@ -529,3 +529,7 @@ def test_pickled_code_in_pytorch_model_bin_is_refused(released, tmp_path):
     with pytest.raises(NmtError, match=r"pytorch_model.bin: refused: it holds \S*print, not a transformers model's "
                                        r"weights \(nothing in it was run\)$"):
         import_model(directory, tmp_path / "out.pt")
+    torch.save({"model.shared.weight": torch.zeros(1).expand(2**16, 2**15)}, directory / "pytorch_model.bin")
+    with pytest.raises(NmtError, match=r"pytorch_model.bin: model.shared.weight: a tensor of shape \(65536, 32768\) "
+                                       r"over a storage of 4 bytes"):  # refused before a copy of 8 GB
+        import_model(directory, tmp_path / "out.pt")
