@@ -61,30 +61,29 @@ def test_the_recipe_distills_a_student_and_refuses_pairs_out_of_order(tmp_path):
     assert done.returncode == 1 and f"{distilled.relative_to(tmp_path)} has 49 lines" in done.stderr
 
 
-@pytest.mark.parametrize("setting, value, expected", [("NBEST", "0", "hypotheses"), ("NBEST", "two", "hypotheses"),
-                                                       ("NBEST", "-1", "hypotheses"), ("SAMPLE", "0", "training pairs"),
-                                                       ("SAMPLE", "1e3", "training pairs")])
-def test_a_count_that_is_not_one_is_refused_in_one_line_before_any_work(tmp_path, setting, value, expected):
-    environment = {**os.environ, "TEACHER": str(tmp_path / "teacher.pt"), "WORK": str(tmp_path / "work"),
-                   setting: value}
+def distill_refusal(tmp_path, **settings) -> subprocess.CompletedProcess:
+    """data/distill.sh with these settings, run where it should refuse before any work."""
+    environment = {**os.environ, "TEACHER": str(tmp_path / "teacher.pt"), "WORK": str(tmp_path / "work"), **settings}
     done = subprocess.run(["bash", str(ROOT / "data/distill.sh")], env=environment, capture_output=True, text=True,
                           timeout=60)
-    assert done.returncode == 1
-    assert done.stderr == f"distill: {setting}={value}: expected a whole number of {expected}, 1 or more\n"
-    assert not (tmp_path / "work").exists()
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    return done
 
 
 @pytest.mark.parametrize("setting, value, expected", [
+    ("NBEST", "0", "a whole number of hypotheses, 1 or more"),
+    ("NBEST", "two", "a whole number of hypotheses, 1 or more"),
+    ("NBEST", "-1", "a whole number of hypotheses, 1 or more"),
+    ("SAMPLE", "0", "a whole number of training pairs, 1 or more"),
+    ("SAMPLE", "1e3", "a whole number of training pairs, 1 or more"),
     ("MINUTES", "abc", "a number of minutes above 0"), ("MINUTES", "0", "a number of minutes above 0"),
     ("MINUTES", "1);import os;(1", "a number of minutes above 0"), ("LENPEN", "-1", "a length penalty, 0 or more"),
     ("SPOT_CHECK", "abc", "a whole number of lines to check, 0 or more"),
     ("THREADS", "0", "a whole number of threads, 1 or more")])
-def test_a_setting_pasted_into_commands_is_checked_before_any_work(tmp_path, setting, value, expected):
-    environment = {**os.environ, "TEACHER": str(tmp_path / "teacher.pt"), "WORK": str(tmp_path / "work"),
-                   setting: value}
-    done = subprocess.run(["bash", str(ROOT / "data/distill.sh")], env=environment, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 1 and done.stderr == f"distill: {setting}={value}: expected {expected}\n"
+def test_a_setting_is_checked_before_any_work(tmp_path, setting, value, expected):
+    """Each is pasted into commands and Python: checked first, not found wrong after the teacher's hours."""
+    done = distill_refusal(tmp_path, **{setting: value})
+    assert done.stderr == f"distill: {setting}={value}: expected {expected}\n"
     assert not (tmp_path / "work").exists()
 
 
@@ -93,9 +92,6 @@ def test_a_work_folder_of_other_inputs_is_refused(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "inputs.txt").write_text(f"TEACHER={tmp_path / 'teacher.pt'} ... SAMPLE=50 NBEST=4 SRC=en TGT=de\n")
-    environment = {**os.environ, "TEACHER": str(tmp_path / "teacher.pt"), "WORK": str(work), "SAMPLE": "60"}
-    done = subprocess.run(["bash", str(ROOT / "data/distill.sh")], env=environment, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    done = distill_refusal(tmp_path, SAMPLE="60")
     assert f"distill: {work} holds the run of other inputs (TEACHER=" in done.stderr
     assert "give another WORK, or remove it" in done.stderr and not (work / "distilled").exists()
