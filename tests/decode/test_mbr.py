@@ -42,11 +42,7 @@ def written_out(texts: list[str], oracle) -> list[int]:
     candidate (by position), highest first, ties to the earlier."""
     expected = [sum(oracle(c, [r]).score for j, r in enumerate(texts) if j != i) / (len(texts) - 1)
                 for i, c in enumerate(texts)]
-    best_first = []
-    for _ in texts:
-        best = max((i for i in range(len(texts)) if i not in best_first), key=lambda i: (expected[i], -i))
-        best_first.append(best)
-    return best_first
+    return sorted(range(len(texts)), key=lambda i: (-expected[i], i))
 
 
 @pytest.mark.parametrize("name, oracle", [("chrf", sacrebleu.sentence_chrf), ("bleu", sacrebleu.sentence_bleu)])

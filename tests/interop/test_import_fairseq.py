@@ -196,6 +196,11 @@ def test_a_small_file_cannot_ask_for_unbounded_memory(tmp_path):
         shutil.copy(FIXTURES / "post" / name, tmp_path)
     assert cli("import", tmp_path / "checkpoint.pt", "-o", tmp_path / "out.pt", "-s", "en", "-t", "de",
                "--tokenizer", "none").exit_code == 0
+    inside: list = []
+    inside.append(inside)  # an object that holds itself: no plain copy ends
+    torch.save({**state, "extra": inside}, tmp_path / "itself.pt")
+    with pytest.raises(NmtError, match=r"itself.pt: unreadable \(an object that holds itself\)$"):
+        load_pickled(tmp_path / "itself.pt")
     state["model"]["encoder.embed_tokens.weight"] = torch.zeros(1).expand(2**16, 2**15)
     torch.save(state, tmp_path / "repeated.pt")
     refused = cli("import", tmp_path / "repeated.pt", "-o", tmp_path / "out2.pt", "-s", "en", "-t", "de",
